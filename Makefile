@@ -1,0 +1,61 @@
+# runnel — developer entry points. `make run` and `make test` are the two
+# set-up commands of the README; CI (.ci/run) calls `make test`.
+
+GO       ?= go
+TAGS     ?= invariants
+# Nested modules (each has its own go.mod); the root module is ".".
+MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -not -path './.git/*' | sort))
+FUZZTIME ?= 10s
+BENCHCOUNT ?= 6
+
+.PHONY: run test test-short test-noinv lint fuzz bench tidy-check generate-check build
+
+## run: the demo on the embedded broker (see README)
+run:
+	$(GO) run ./cmd/runnel demo
+
+## build: compile every package of every module
+build:
+	@for m in $(MODULES); do (cd $$m && echo "== build $$m" && $(GO) build ./... ) || exit 1; done
+
+## test: vet, then every test of every module with -race (root module with the invariants tag)
+test:
+	@for m in $(MODULES); do \
+		echo "== vet $$m"; (cd $$m && $(GO) vet -tags $(TAGS) ./...) || exit 1; \
+	done
+	$(GO) test -race -tags $(TAGS) -timeout 20m ./...
+	@for m in $(filter-out .,$(MODULES)); do \
+		echo "== test $$m"; (cd $$m && $(GO) test -race -timeout 15m ./...) || exit 1; \
+	done
+
+## test-short: quick run without -race, skipping long tests
+test-short:
+	@for m in $(MODULES); do (cd $$m && $(GO) test -short ./...) || exit 1; done
+
+## test-noinv: the production build (no invariants tag)
+test-noinv:
+	$(GO) test -timeout 20m ./...
+
+## lint: gofmt, go vet, the project bans in internal/lint, generated code up to date
+lint: generate-check
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	$(GO) test -count=1 ./internal/lint/
+	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run ./...; else echo "golangci-lint not installed: skipped"; fi
+
+## generate-check: go generate leaves the tree unchanged
+generate-check:
+	$(GO) generate ./...
+	@git diff --exit-code -- . ':(exclude)go.sum' || { echo "generated code is stale: run go generate ./... and commit"; exit 1; }
+
+## fuzz: run every fuzz target of every package for FUZZTIME (default 10s)
+fuzz:
+	@./scripts/fuzz.sh $(FUZZTIME)
+
+## bench: benchmarks next to their peers (official Go client, ...) as a benchstat table
+bench:
+	@./scripts/bench.sh $(BENCHCOUNT)
+
+## tidy-check: go.mod and go.sum are tidy in every module
+tidy-check:
+	@for m in $(MODULES); do (cd $$m && echo "== tidy $$m" && $(GO) mod tidy -diff) || exit 1; done

@@ -1,0 +1,192 @@
+// Package lint holds runnel's project-specific style checks, written as a Go
+// test so that `make test` and `make lint` enforce them everywhere.
+package lint
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// repoRoot is the top of the work tree (two levels up from this package).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+type goFile struct {
+	rel  string // slash-separated path relative to the repo root
+	file *ast.File
+	fset *token.FileSet
+}
+
+func (g goFile) isTest() bool { return strings.HasSuffix(g.rel, "_test.go") }
+
+// underAny reports whether the file lies under one of the given folders.
+func (g goFile) underAny(dirs ...string) bool {
+	for _, d := range dirs {
+		if strings.HasPrefix(g.rel, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func parseAll(t *testing.T) []goFile {
+	t.Helper()
+	root := repoRoot(t)
+	var files []goFile
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		fset := token.NewFileSet()
+		f, perr := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if perr != nil {
+			return perr
+		}
+		rel, _ := filepath.Rel(root, path)
+		files = append(files, goFile{rel: filepath.ToSlash(rel), file: f, fset: fset})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no Go files found: wrong repository root?")
+	}
+	return files
+}
+
+func importNames(f *ast.File) map[string]string {
+	m := make(map[string]string) // local name -> import path
+	for _, imp := range f.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		name := p[strings.LastIndex(p, "/")+1:]
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		m[name] = p
+	}
+	return m
+}
+
+// TestForbiddenImports bans packages that runnel code must not use.
+func TestForbiddenImports(t *testing.T) {
+	banned := map[string]string{
+		"github.com/pkg/errors": "use the standard library errors package with %w",
+		"log":                   "use an injected *slog.Logger",
+	}
+	for _, g := range parseAll(t) {
+		for _, imp := range g.file.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			why, bad := banned[p]
+			if !bad {
+				continue
+			}
+			if p == "log" && (g.isTest() || g.underAny("cmd", "examples")) {
+				continue
+			}
+			t.Errorf("%s imports %q: %s", g.rel, p, why)
+		}
+	}
+}
+
+var rawAtomic = regexp.MustCompile(`^(Add|Load|Store|Swap|CompareAndSwap|And|Or)(Int32|Int64|Uint32|Uint64|Uintptr|Pointer)$`)
+
+// TestBannedCalls bans raw atomics, bare sleeps, fmt printing in libraries
+// and panics built from formatted strings.
+func TestBannedCalls(t *testing.T) {
+	for _, g := range parseAll(t) {
+		names := importNames(g.file)
+		ast.Inspect(g.file, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			pos := g.fset.Position(call.Pos())
+			where := g.rel + ":" + strconv.Itoa(pos.Line)
+			if id, ok := call.Fun.(*ast.Ident); ok && id.Name == "panic" && len(call.Args) == 1 {
+				if inner, ok := call.Args[0].(*ast.CallExpr); ok {
+					if sel, ok := inner.Fun.(*ast.SelectorExpr); ok {
+						if x, ok := sel.X.(*ast.Ident); ok && names[x.Name] == "fmt" && sel.Sel.Name == "Sprintf" {
+							t.Errorf("%s: panic(fmt.Sprintf(...)): return an error instead", where)
+						}
+					}
+				}
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			x, ok := sel.X.(*ast.Ident)
+			if !ok {
+				return true
+			}
+			switch names[x.Name] {
+			case "sync/atomic":
+				if rawAtomic.MatchString(sel.Sel.Name) {
+					t.Errorf("%s: atomic.%s: use the atomic.Int64-style types", where, sel.Sel.Name)
+				}
+			case "time":
+				if sel.Sel.Name == "Sleep" && !g.isTest() && !g.underAny("internal/backoff", "examples", "cmd") {
+					t.Errorf("%s: time.Sleep in library code: wait on a timer with ctx or a quit channel", where)
+				}
+			case "fmt":
+				if strings.HasPrefix(sel.Sel.Name, "Print") && !g.isTest() && !g.underAny("cmd", "examples", "internal/interop/cmd") {
+					t.Errorf("%s: fmt.%s outside cmd/ and examples/: use the injected logger or an io.Writer", where, sel.Sel.Name)
+				}
+			}
+			return true
+		})
+	}
+}
+
+// TestNoMachinePaths keeps this machine's paths and registry hosts out of
+// every tracked file.
+func TestNoMachinePaths(t *testing.T) {
+	root := repoRoot(t)
+	out, err := exec.Command("git", "-C", root, "ls-files").Output()
+	if err != nil {
+		t.Skipf("git ls-files: %v (not a git work tree?)", err)
+	}
+	// Built from pieces so that this file does not match itself.
+	needles := []string{"/work/" + "main", "/work/" + "shared", "/root/" + "go/", "/tmp/" + "bash_jobs"}
+	for _, rel := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if rel == "" || strings.HasPrefix(rel, "LICENSE") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		s := string(b)
+		for _, n := range needles {
+			if strings.Contains(s, n) {
+				t.Errorf("%s contains the machine path %q", rel, n)
+			}
+		}
+	}
+}
