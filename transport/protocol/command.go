@@ -36,7 +36,9 @@ const inlineExt = 16
 // A Command returned by DecodeFrame aliases the frame buffer it was decoded
 // from (Remark, extFields and Body point into it); the buffer must not be
 // modified while the Command is in use. A Command is not safe for concurrent
-// mutation; it may be read from several goroutines once built.
+// mutation; it may be read from several goroutines once built. A Command must
+// not be copied by value once it has extFields: the copy would share the
+// original's inline field storage.
 type Command struct {
 	Code     int32 // request code, or response code in a response (0 = success)
 	Language LanguageCode
@@ -81,9 +83,10 @@ func (c *Command) NumExt() int { return len(c.ext) }
 // ExtAt returns the i-th extField, in wire order.
 func (c *Command) ExtAt(i int) ExtField { return c.ext[i] }
 
-// Ext returns the value of extField key.
+// Ext returns the value of extField key. If a decoded header repeated the key,
+// the last value wins, as it does in Java's HashMap.
 func (c *Command) Ext(key string) (string, bool) {
-	for i := range c.ext {
+	for i := len(c.ext) - 1; i >= 0; i-- {
 		if c.ext[i].Key == key {
 			return c.ext[i].Value, true
 		}
@@ -91,9 +94,10 @@ func (c *Command) Ext(key string) (string, bool) {
 	return "", false
 }
 
-// SetExt sets extField key to value, replacing an earlier value.
+// SetExt sets extField key to value, replacing an earlier value (the last one,
+// should the key be repeated).
 func (c *Command) SetExt(key, value string) {
-	for i := range c.ext {
+	for i := len(c.ext) - 1; i >= 0; i-- {
 		if c.ext[i].Key == key {
 			c.ext[i].Value = value
 			return
@@ -117,15 +121,21 @@ func (c *Command) SetExtInt(key string, v int64) { c.SetExt(key, strconv.FormatI
 // SetExtBool sets extField key to "true" or "false".
 func (c *Command) SetExtBool(key string, v bool) { c.SetExt(key, strconv.FormatBool(v)) }
 
-// DeleteExt removes extField key if present.
+// DeleteExt removes every extField named key.
 func (c *Command) DeleteExt(key string) {
+	n := 0
 	for i := range c.ext {
-		if c.ext[i].Key == key {
-			c.ext = append(c.ext[:i], c.ext[i+1:]...)
-			return
+		if c.ext[i].Key != key {
+			c.ext[n] = c.ext[i]
+			n++
 		}
 	}
+	clear(c.ext[n:])
+	c.ext = c.ext[:n]
 }
 
 // ResetExt removes every extField.
-func (c *Command) ResetExt() { c.ext = c.ext[:0] }
+func (c *Command) ResetExt() {
+	clear(c.ext)
+	c.ext = c.ext[:0]
+}

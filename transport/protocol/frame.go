@@ -1,0 +1,182 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"unsafe"
+)
+
+// DefaultMaxFrameSize is the largest frame (the value of the leading length
+// word) ReadFrame accepts when given a maxFrame <= 0: 16 MiB, the default of
+// RocketMQ's com.rocketmq.remoting.frameMaxLength.
+const DefaultMaxFrameSize = 16 << 20
+
+// MaxHeaderLength is the largest header the 24-bit header-length field can
+// describe.
+const MaxHeaderLength = 1<<24 - 1
+
+// MaxExtFields bounds the number of extFields a decoded header may carry.
+// Real headers carry at most about twenty; the bound stops a small frame from
+// making the decoder allocate a huge field table.
+const MaxExtFields = 1024
+
+var (
+	// ErrMalformedFrame is wrapped by every error DecodeFrame and ReadFrame
+	// return for bytes that are not a valid frame: bad lengths, an unknown
+	// serialize type, a truncated or invalid header, bad JSON. A connection
+	// that produced one should be closed, as Java does.
+	ErrMalformedFrame = errors.New("protocol: malformed frame")
+
+	// ErrFrameTooLarge is wrapped by the error ReadFrame returns for a length
+	// word above its limit (that error also wraps ErrMalformedFrame), and by
+	// the error AppendFrame returns for a header longer than MaxHeaderLength
+	// or a frame longer than math.MaxInt32 bytes.
+	ErrFrameTooLarge = errors.New("protocol: frame too large")
+
+	// ErrUnencodable is wrapped by the error AppendFrame returns for a
+	// Command the chosen header encoding cannot express: in a ROCKETMQ
+	// binary header, a code or version outside int16 or an extField key
+	// longer than 32767 bytes; an unknown serialize type.
+	ErrUnencodable = errors.New("protocol: command not encodable")
+)
+
+// malformed returns an error wrapping ErrMalformedFrame.
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrMalformedFrame}, args...)...)
+}
+
+// AppendFrame appends c to dst as one complete frame — the 4-byte total
+// length word, the header-length word whose high byte is st, the header in
+// encoding st and c.Body — and returns the extended slice. It allocates only
+// when dst lacks capacity, so encoding into a reused buffer costs nothing.
+//
+// On error dst is returned unextended. The error wraps ErrUnencodable when st
+// is unknown or c does not fit st (a ROCKETMQ binary header holds code and
+// version as int16, so POP codes such as 200050 need SerializeJSON), and
+// ErrFrameTooLarge when the header exceeds MaxHeaderLength bytes or the frame
+// exceeds math.MaxInt32 bytes.
+//
+// AppendFrame only reads c; it is safe to call concurrently on one Command.
+func (c *Command) AppendFrame(dst []byte, st SerializeType) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
+	var err error
+	switch st {
+	case SerializeJSON:
+		dst = c.appendJSONHeader(dst)
+	case SerializeRocketMQ:
+		dst, err = c.appendBinaryHeader(dst)
+	default:
+		err = fmt.Errorf("%w: unknown serialize type %d", ErrUnencodable, st)
+	}
+	if err != nil {
+		return dst[:start], err
+	}
+	hl := len(dst) - start - 8
+	if hl > MaxHeaderLength {
+		return dst[:start], fmt.Errorf("%w: header of %d bytes exceeds %d", ErrFrameTooLarge, hl, MaxHeaderLength)
+	}
+	total := 4 + hl + len(c.Body)
+	if total > math.MaxInt32 {
+		return dst[:start], fmt.Errorf("%w: frame of %d bytes", ErrFrameTooLarge, total)
+	}
+	binary.BigEndian.PutUint32(dst[start:], uint32(total))
+	binary.BigEndian.PutUint32(dst[start+4:], uint32(st)<<24|uint32(hl))
+	return append(dst, c.Body...), nil
+}
+
+// DecodeFrame decodes one frame given without its leading 4-byte total-length
+// word: b is the header-length word, the header and the body.
+//
+// The returned Command aliases b: Body is a sub-slice of b, and Remark and the
+// extField strings point into b. A JSON header's escaped strings are unescaped
+// in place inside b. b must therefore not be modified or reused while the
+// Command is in use; on error its contents are unspecified.
+//
+// Every error wraps ErrMalformedFrame. DecodeFrame never panics, whatever b
+// holds. Besides the frame buffer it allocates only the *Command (which holds
+// up to 16 extFields inline).
+func DecodeFrame(b []byte) (*Command, error) {
+	if len(b) < 4 {
+		return nil, malformed("frame of %d bytes is shorter than its header-length word", len(b))
+	}
+	word := binary.BigEndian.Uint32(b)
+	st := SerializeType(word >> 24)
+	hl := int(word & MaxHeaderLength)
+	if hl > len(b)-4 {
+		return nil, malformed("header length %d exceeds the %d bytes left in the frame", hl, len(b)-4)
+	}
+	header := b[4 : 4+hl : 4+hl]
+	c := new(Command)
+	var err error
+	switch st {
+	case SerializeJSON:
+		err = c.decodeJSONHeader(header)
+	case SerializeRocketMQ:
+		err = c.decodeBinaryHeader(header)
+	default:
+		return nil, malformed("unknown serialize type %d", st)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if body := b[4+hl:]; len(body) > 0 {
+		c.Body = body
+	}
+	return c, nil
+}
+
+// ReadFrame reads one frame from r: the 4-byte length word n, checked to be
+// 4 <= n <= maxFrame before anything is allocated, then exactly one n-byte
+// buffer, read in full and passed to DecodeFrame. maxFrame <= 0 means
+// DefaultMaxFrameSize. The returned Command aliases that buffer, which the
+// caller then owns.
+//
+// Errors: io.EOF when r ends cleanly before the first byte of a frame; an
+// error wrapping io.ErrUnexpectedEOF when it ends inside one; r's own error
+// otherwise; for a length word above maxFrame an error wrapping both
+// ErrFrameTooLarge and ErrMalformedFrame; for a length below 4 (including
+// "negative" words with the high bit set) an error wrapping ErrMalformedFrame;
+// and DecodeFrame's errors. ReadFrame blocks as r does; cancellation is the
+// caller's business (close the connection or set a deadline).
+func ReadFrame(r io.Reader, maxFrame int) (*Command, error) {
+	if maxFrame <= 0 {
+		maxFrame = DefaultMaxFrameSize
+	}
+	var lenWord [4]byte
+	if _, err := io.ReadFull(r, lenWord[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("protocol: reading frame length: %w", err)
+		}
+		return nil, err
+	}
+	n := int32(binary.BigEndian.Uint32(lenWord[:]))
+	switch {
+	case n < 0:
+		return nil, malformed("negative frame length %d", n)
+	case n < 4:
+		return nil, malformed("frame length %d is shorter than the header-length word", n)
+	case int64(n) > int64(maxFrame):
+		return nil, fmt.Errorf("%w: %w: length %d exceeds the limit of %d bytes", ErrMalformedFrame, ErrFrameTooLarge, n, maxFrame)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("protocol: reading %d-byte frame: %w", n, err)
+	}
+	return DecodeFrame(buf)
+}
+
+// aliasString returns a string sharing b's memory, without copying. The
+// caller guarantees b is not modified while the string is in use.
+func aliasString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
