@@ -86,28 +86,30 @@ func (c *Command) decodeBinaryHeader(h []byte) error {
 	if el != int64(len(h)-p) {
 		return malformed("ROCKETMQ header extFields length %d, but %d header bytes are left", el, len(h)-p)
 	}
-	for p < len(h) {
+	if c.ext == nil {
+		c.ext = c.inline[:0]
+	}
+	// Walk the entries by reslicing, so the compiler can drop most bounds checks.
+	for rest := h[p:]; len(rest) > 0; {
 		if len(c.ext) == MaxExtFields {
 			return malformed("more than %d extFields", MaxExtFields)
 		}
-		if len(h)-p < 2 {
-			return malformed("extField key length truncated")
+		if len(rest) < 6 { // key length + value length
+			return malformed("extField truncated: %d bytes left", len(rest))
 		}
-		kl := int(int16(binary.BigEndian.Uint16(h[p:])))
-		p += 2
-		// 4 bytes of value length must follow the key.
-		if kl < 0 || kl > len(h)-p-4 {
-			return malformed("extField key length %d does not fit the %d header bytes left", kl, len(h)-p)
+		kl := int(int16(binary.BigEndian.Uint16(rest)))
+		if kl < 0 || kl > len(rest)-6 {
+			return malformed("extField key length %d does not fit the %d header bytes left", kl, len(rest)-6)
 		}
-		key := aliasString(h[p : p+kl])
-		p += kl
-		vl := int64(int32(binary.BigEndian.Uint32(h[p:])))
-		p += 4
-		if vl < 0 || vl > int64(len(h)-p) {
-			return malformed("extField %q value length %d does not fit the %d header bytes left", key, vl, len(h)-p)
+		key := rest[2 : 2+kl]
+		rest = rest[2+kl:]
+		vl := int(int32(binary.BigEndian.Uint32(rest)))
+		rest = rest[4:]
+		if vl < 0 || vl > len(rest) {
+			return malformed("extField %q value length %d does not fit the %d header bytes left", key, vl, len(rest))
 		}
-		c.appendExt(key, aliasString(h[p:p+int(vl)]))
-		p += int(vl)
+		c.ext = append(c.ext, ExtField{Key: aliasString(key), Value: aliasString(rest[:vl])})
+		rest = rest[vl:]
 	}
 	return nil
 }

@@ -100,17 +100,25 @@ func (c *Command) AppendFrame(dst []byte, st SerializeType) ([]byte, error) {
 // holds. Besides the frame buffer it allocates only the *Command (which holds
 // up to 16 extFields inline).
 func DecodeFrame(b []byte) (*Command, error) {
+	c := new(Command)
+	if err := c.decodeFrame(b); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// decodeFrame is DecodeFrame into a zero Command.
+func (c *Command) decodeFrame(b []byte) error {
 	if len(b) < 4 {
-		return nil, malformed("frame of %d bytes is shorter than its header-length word", len(b))
+		return malformed("frame of %d bytes is shorter than its header-length word", len(b))
 	}
 	word := binary.BigEndian.Uint32(b)
 	st := SerializeType(word >> 24)
 	hl := int(word & MaxHeaderLength)
 	if hl > len(b)-4 {
-		return nil, malformed("header length %d exceeds the %d bytes left in the frame", hl, len(b)-4)
+		return malformed("header length %d exceeds the %d bytes left in the frame", hl, len(b)-4)
 	}
 	header := b[4 : 4+hl : 4+hl]
-	c := new(Command)
 	var err error
 	switch st {
 	case SerializeJSON:
@@ -118,15 +126,15 @@ func DecodeFrame(b []byte) (*Command, error) {
 	case SerializeRocketMQ:
 		err = c.decodeBinaryHeader(header)
 	default:
-		return nil, malformed("unknown serialize type %d", st)
+		return malformed("unknown serialize type %d", st)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if body := b[4+hl:]; len(body) > 0 {
 		c.Body = body
 	}
-	return c, nil
+	return nil
 }
 
 // ReadFrame reads one frame from r: the 4-byte length word n, checked to be

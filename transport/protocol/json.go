@@ -519,7 +519,7 @@ func (d *jsonDecoder) skipValue(depth int) error {
 		_, err := d.readString()
 		return err
 	case ch == '{' || ch == '[':
-		if depth >= maxJSONDepth {
+		if depth > maxJSONDepth {
 			return d.errorf("nesting deeper than %d levels", maxJSONDepth)
 		}
 		return d.skipContainer(depth + 1)
