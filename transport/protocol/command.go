@@ -50,6 +50,9 @@ type Command struct {
 
 	ext    []ExtField
 	inline [inlineExt]ExtField
+	// arena holds the text of numbers set with SetExtInt. It only grows:
+	// strings handed out alias it and must never change.
+	arena []byte
 }
 
 // NewRequest returns a request command with the given code. The language and
@@ -115,8 +118,20 @@ func (c *Command) appendExt(key, value string) {
 	c.ext = append(c.ext, ExtField{Key: key, Value: value})
 }
 
-// SetExtInt sets extField key to the decimal form of v.
-func (c *Command) SetExtInt(key string, v int64) { c.SetExt(key, strconv.FormatInt(v, 10)) }
+// SetExtInt sets extField key to the decimal form of v. The text is kept in
+// a per-Command arena, so setting many numbers costs about one allocation.
+func (c *Command) SetExtInt(key string, v int64) {
+	if v >= 0 && v < 100 {
+		c.SetExt(key, strconv.FormatInt(v, 10)) // small numbers: no allocation
+		return
+	}
+	if cap(c.arena)-len(c.arena) < 20 { // the longest int64 is 20 bytes
+		c.arena = make([]byte, 0, 256)
+	}
+	start := len(c.arena)
+	c.arena = strconv.AppendInt(c.arena, v, 10)
+	c.SetExt(key, aliasString(c.arena[start:]))
+}
 
 // SetExtBool sets extField key to "true" or "false".
 func (c *Command) SetExtBool(key string, v bool) { c.SetExt(key, strconv.FormatBool(v)) }

@@ -22,3 +22,5 @@
 // fixpoint), in either header encoding the Command fits. The fuzz targets in
 // this package check both.
 package protocol
+
+//go:generate go run ./internal/gen
