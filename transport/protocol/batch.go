@@ -84,7 +84,7 @@ func DecodeBatch(b []byte, maxItems int, fn func(flag int32, body []byte, props 
 		if len(body) == 0 {
 			body = nil
 		}
-		if err := fn(flag, body, aliasBytes(props)); err != nil {
+		if err := fn(flag, body, msgAlias(props)); err != nil {
 			return err
 		}
 		off += int(size)

@@ -345,8 +345,8 @@ func (r *recReader) host(v6 bool) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(a, uint16(port)), true
 }
 
-// aliasBytes returns b as a string sharing its memory (no copy).
-func aliasBytes(b []byte) string {
+// msgAlias returns b as a string sharing its memory (no copy).
+func msgAlias(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
@@ -420,12 +420,12 @@ func decodeRecordInto(m *MessageExt, b []byte) (int, error) {
 	if topicLen < 0 {
 		return 0, fmt.Errorf("%w: negative topic length %d", ErrRecordInvalid, topicLen)
 	}
-	m.Topic = aliasBytes(r.take(topicLen))
+	m.Topic = msgAlias(r.take(topicLen))
 	propsLen := int(int16(r.u16()))
 	if propsLen < 0 {
 		return 0, fmt.Errorf("%w: negative properties length %d", ErrRecordInvalid, propsLen)
 	}
-	m.Properties = aliasBytes(r.take(propsLen))
+	m.Properties = msgAlias(r.take(propsLen))
 	if r.bad {
 		return 0, fmt.Errorf("%w: topic (%d) or properties (%d) length exceeds TOTALSIZE %d", ErrRecordInvalid, topicLen, propsLen, size)
 	}

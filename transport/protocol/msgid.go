@@ -14,7 +14,7 @@ import (
 // ErrMsgIDInvalid reports a message id that is not a valid offset message id.
 var ErrMsgIDInvalid = errors.New("protocol: invalid offset message id")
 
-const upperHex = "0123456789ABCDEF"
+const msgUpperHex = "0123456789ABCDEF"
 
 // Lengths of offset message ids (§4.5).
 const (
@@ -22,9 +22,9 @@ const (
 	OffsetMsgIDLenV6 = 56 // 16-byte IP + int32 port + int64 offset, hex
 )
 
-func appendHexUpper(dst, b []byte) []byte {
+func msgAppendHex(dst, b []byte) []byte {
 	for _, c := range b {
-		dst = append(dst, upperHex[c>>4], upperHex[c&0xF])
+		dst = append(dst, msgUpperHex[c>>4], msgUpperHex[c&0xF])
 	}
 	return dst
 }
@@ -38,7 +38,7 @@ func AppendOffsetMsgID(dst []byte, storeHost netip.AddrPort, phys int64) []byte 
 	var raw [28]byte
 	b := appendHost(raw[:0], storeHost)
 	b = binary.BigEndian.AppendUint64(b, uint64(phys))
-	return appendHexUpper(dst, b)
+	return msgAppendHex(dst, b)
 }
 
 // OffsetMsgID returns AppendOffsetMsgID as a string.
@@ -47,7 +47,7 @@ func OffsetMsgID(storeHost netip.AddrPort, phys int64) string {
 	return string(AppendOffsetMsgID(buf[:0], storeHost, phys))
 }
 
-func unhex(c byte) (byte, bool) {
+func msgUnhex(c byte) (byte, bool) {
 	switch {
 	case c >= '0' && c <= '9':
 		return c - '0', true
@@ -69,8 +69,8 @@ func ParseOffsetMsgID(s string) (netip.AddrPort, int64, error) {
 	var raw [28]byte
 	b := raw[:len(s)/2]
 	for i := range b {
-		hi, ok1 := unhex(s[2*i])
-		lo, ok2 := unhex(s[2*i+1])
+		hi, ok1 := msgUnhex(s[2*i])
+		lo, ok2 := msgUnhex(s[2*i+1])
 		if !ok1 || !ok2 {
 			return netip.AddrPort{}, 0, fmt.Errorf("%w: non-hex character at %d", ErrMsgIDInvalid, 2*i)
 		}
@@ -131,7 +131,7 @@ func NewUniqIDGenerator(ip netip.Addr, pid int) *UniqIDGenerator {
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(pid))
 	b = binary.BigEndian.AppendUint32(b, rand.Uint32())
-	g.prefixLen = len(appendHexUpper(g.prefix[:0], b))
+	g.prefixLen = len(msgAppendHex(g.prefix[:0], b))
 	g.counter.Store(rand.Uint32())
 	return g
 }
@@ -164,5 +164,5 @@ func (g *UniqIDGenerator) AppendNextAt(dst []byte, now time.Time) []byte {
 	binary.BigEndian.PutUint32(raw[:], uint32(int32(ms-mb.start)))
 	binary.BigEndian.PutUint16(raw[4:], uint16(g.counter.Add(1)))
 	dst = append(dst, g.prefix[:g.prefixLen]...)
-	return appendHexUpper(dst, raw[:])
+	return msgAppendHex(dst, raw[:])
 }

@@ -154,7 +154,7 @@ func BenchmarkOffsetMsgID(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = AppendOffsetMsgID(buf[:0], host, 123456789)
-		if _, _, err := ParseOffsetMsgID(aliasBytes(buf)); err != nil {
+		if _, _, err := ParseOffsetMsgID(msgAlias(buf)); err != nil {
 			b.Fatal(err)
 		}
 	}
