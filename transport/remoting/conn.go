@@ -1,0 +1,835 @@
+package remoting
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+const (
+	// readBufSize and writeBufSize are the per-connection bufio sizes.
+	readBufSize  = 32 << 10
+	writeBufSize = 32 << 10
+	// maxPooledBuf is the largest encode buffer returned to the pool; larger
+	// ones (big bodies) are left to the garbage collector.
+	maxPooledBuf = 64 << 10
+	// maxBatch bounds the frames the writer coalesces into one flush.
+	maxBatch = 256
+)
+
+// RequestHandler handles a request the peer sent on a Conn (a
+// server-initiated request, for a client). It runs on its own goroutine (at
+// most WithMaxConcurrentHandlers at once); ctx is cancelled when the Conn
+// closes. The returned command is sent as the response, with the request's
+// opaque and the response flag set by the Conn; nil means no response.
+// Requests with the oneway bit are never answered, whatever is returned.
+// req is owned by the handler. A handler must not call Close on c (Close
+// waits for handlers).
+type RequestHandler func(ctx context.Context, c *Conn, req *protocol.Command) *protocol.Command
+
+// Stats is a snapshot of a connection's counters.
+type Stats struct {
+	InFlight         int64 // calls (sync and async) awaiting their response
+	DroppedResponses int64 // responses whose opaque matched no pending call (late or unknown)
+	RejectedRequests int64 // incoming requests refused because every handler slot was busy
+	FramesIn         int64 // frames read and decoded
+	FramesOut        int64 // frames handed to the socket
+	BytesIn          int64 // bytes read from the socket
+	BytesOut         int64 // bytes of frames handed to the socket
+}
+
+// call is one pending request: a sync call (ch) or an async one (cb).
+type call struct {
+	opaque int32
+	ch     chan result                    // sync: buffered 1, receives exactly one result
+	cb     func(*protocol.Command, error) // async
+	stop   func() bool                    // async: stops the ctx AfterFunc; guarded by Conn.mu
+}
+
+type result struct {
+	resp *protocol.Command
+	err  error
+}
+
+// outFrame is one encoded frame in the write queue.
+type outFrame struct {
+	buf    *[]byte
+	oneway bool // releases a oneway slot once written
+}
+
+// Conn is one multiplexed RocketMQ remoting connection: requests in both
+// directions share it and responses are matched to their requests by opaque,
+// in any order. It is the client side of a connection (Dial, NewConn) and
+// also, embedded in ServerConn, the server side.
+//
+// A Conn runs three kinds of goroutines, all joined by Close: one reader
+// (bufio, decodes frames, completes pending calls, hands incoming requests to
+// handler goroutines), one writer (drains the bounded write queue and
+// coalesces frames into one buffered write), and up to
+// WithMaxConcurrentHandlers handler goroutines.
+//
+// All methods are safe for concurrent use. A Conn never reconnects: once
+// closed (by Close, a read or write error, the idle timeout, or a malformed
+// frame) every call fails with ErrConnClosed, and owners watch Done to
+// replace it.
+type Conn struct {
+	cfg    connConfig
+	log    *slog.Logger
+	hooks  hooks
+	nc     net.Conn
+	remote net.Addr
+	local  net.Addr
+
+	// dispatch handles one incoming request on a handler goroutine.
+	dispatch func(ctx context.Context, req *protocol.Command)
+
+	// ctx is the connection's lifetime context, given to handlers; cancel
+	// runs at close.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	opaque atomic.Int32
+
+	mu struct {
+		sync.Mutex
+		pending map[int32]*call // nil once closed
+		err     error           // the close error, set once
+	}
+
+	asyncSem   chan struct{}
+	onewaySem  chan struct{}
+	handlerSem chan struct{}
+	wq         chan outFrame
+	work       chan *protocol.Command // unbuffered: hands a request to a parked worker
+	idle       atomic.Int32           // parked workers
+	quit       chan struct{}
+	closeOnce  sync.Once
+	wg         sync.WaitGroup
+
+	bufs  sync.Pool // *[]byte encode buffers
+	calls sync.Pool // *call for sync Invoke
+
+	queued   atomic.Int64 // frames enqueued but not yet flushed
+	handling atomic.Int64 // server side: requests being processed or deferred
+
+	inflight, dropped, rejected         atomic.Int64
+	framesIn, framesOut, bytesIn, bytes atomic.Int64
+}
+
+// Dial connects to addr ("host:port") over TCP, or TLS with WithTLSConfig,
+// and returns the running Conn. ctx bounds the dial only; the Conn lives
+// until Close or a connection failure.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
+	cfg := defaultConnConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	var (
+		nc  net.Conn
+		err error
+		d   net.Dialer
+	)
+	if cfg.tls != nil {
+		td := tls.Dialer{NetDialer: &d, Config: cfg.tls}
+		nc, err = td.DialContext(ctx, "tcp", addr)
+	} else {
+		nc, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("remoting: dial %s: %w", addr, err)
+	}
+	return startClientConn(nc, cfg), nil
+}
+
+// NewConn wraps an established connection (its TLS, if any, already set up)
+// and starts serving it. The Conn owns nc from then on and closes it.
+// WithTLSConfig is ignored.
+func NewConn(nc net.Conn, opts ...Option) (*Conn, error) {
+	cfg := defaultConnConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return startClientConn(nc, cfg), nil
+}
+
+func startClientConn(nc net.Conn, cfg connConfig) *Conn {
+	c := newConn(context.Background(), nc, cfg)
+	c.dispatch = c.dispatchHandler
+	c.startWriter()
+	c.wg.Add(1)
+	go pprof.Do(c.ctx, pprof.Labels("remoting", "reader"), func(context.Context) {
+		defer c.wg.Done()
+		c.shutdown(c.readLoop())
+	})
+	return c
+}
+
+// newConn builds a Conn around nc without starting it. parent is the
+// ancestor of the lifetime ctx handlers get.
+func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
+	c := &Conn{
+		cfg:        cfg,
+		log:        cfg.logger.With("remote", nc.RemoteAddr().String()),
+		hooks:      newHooks(cfg.hooks),
+		nc:         nc,
+		remote:     nc.RemoteAddr(),
+		local:      nc.LocalAddr(),
+		asyncSem:   make(chan struct{}, cfg.maxAsync),
+		onewaySem:  make(chan struct{}, cfg.maxOneway),
+		handlerSem: make(chan struct{}, cfg.handlers),
+		wq:         make(chan outFrame, cfg.writeQueue),
+		work:       make(chan *protocol.Command),
+		quit:       make(chan struct{}),
+	}
+	c.ctx, c.cancel = context.WithCancel(parent)
+	c.mu.pending = make(map[int32]*call)
+	c.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
+	c.calls.New = func() any { return &call{ch: make(chan result, 1)} }
+	return c
+}
+
+func (c *Conn) startWriter() {
+	c.wg.Add(1)
+	go pprof.Do(c.ctx, pprof.Labels("remoting", "writer"), func(context.Context) {
+		defer c.wg.Done()
+		c.writeLoop()
+	})
+}
+
+// RemoteAddr returns the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+
+// LocalAddr returns this side's address.
+func (c *Conn) LocalAddr() net.Addr { return c.local }
+
+// Done returns a channel closed when the connection has closed (for any
+// reason). Err then tells why.
+func (c *Conn) Done() <-chan struct{} { return c.quit }
+
+// Err returns nil while the connection is open, and afterwards the error
+// every call fails with: it wraps ErrConnClosed and the cause.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.err
+}
+
+// Stats returns a snapshot of the connection's counters.
+func (c *Conn) Stats() Stats {
+	return Stats{
+		InFlight:         c.inflight.Load(),
+		DroppedResponses: c.dropped.Load(),
+		RejectedRequests: c.rejected.Load(),
+		FramesIn:         c.framesIn.Load(),
+		FramesOut:        c.framesOut.Load(),
+		BytesIn:          c.bytesIn.Load(),
+		BytesOut:         c.bytes.Load(),
+	}
+}
+
+// Close closes the connection: the socket is closed, every pending call
+// fails with an error wrapping ErrConnClosed, and Close waits for the
+// reader, the writer and running handlers (whose ctx is cancelled) to
+// return. Frames still queued are discarded. Close is idempotent and returns
+// nil. It must not be called from a RequestHandler or an InvokeAsync
+// callback of the same Conn, which it would wait for.
+func (c *Conn) Close() error {
+	c.shutdown(errLocalClose)
+	c.wg.Wait()
+	return nil
+}
+
+// shutdown closes the connection with cause without waiting for its
+// goroutines. The first call wins; later ones do nothing.
+func (c *Conn) shutdown(cause error) {
+	c.closeOnce.Do(func() {
+		err := &closedError{cause: cause}
+		c.mu.Lock()
+		pending := c.mu.pending
+		c.mu.pending = nil
+		c.mu.err = err
+		// Read stop funcs while holding the lock that guards them.
+		stops := make([]func() bool, 0, len(pending))
+		for _, cl := range pending {
+			stops = append(stops, cl.stop)
+		}
+		c.mu.Unlock()
+		close(c.quit)
+		c.cancel()
+		_ = c.nc.Close() // the socket is being discarded; its close error says nothing new
+		i := 0
+		for _, cl := range pending {
+			c.inflight.Add(-1)
+			c.complete(cl, stops[i], nil, err)
+			i++
+		}
+		for _, h := range c.hooks.closed {
+			h.OnConnClosed(c, err)
+		}
+		c.log.Debug("remoting: connection closed", "cause", cause, "failed_pending", len(pending))
+	})
+}
+
+// closedErr returns the close error; only valid once quit is closed.
+func (c *Conn) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.err == nil {
+		return ErrConnClosed
+	}
+	return c.mu.err
+}
+
+// complete delivers the outcome of cl, which the caller removed from the
+// pending table (so it is the only one doing so).
+func (c *Conn) complete(cl *call, stop func() bool, resp *protocol.Command, err error) {
+	if cl.cb == nil {
+		cl.ch <- result{resp, err}
+		return
+	}
+	if stop != nil {
+		stop()
+	}
+	<-c.asyncSem
+	cl.cb(resp, err)
+}
+
+// register assigns req a fresh opaque and records cl as pending under it.
+func (c *Conn) register(req *protocol.Command, cl *call) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.pending == nil {
+		return c.mu.err
+	}
+	op := c.opaque.Add(1)
+	for {
+		if _, dup := c.mu.pending[op]; !dup {
+			break
+		}
+		op = c.opaque.Add(1) // wrapped around onto a call still pending
+	}
+	req.Opaque, cl.opaque = op, op
+	c.mu.pending[op] = cl
+	c.inflight.Add(1)
+	return nil
+}
+
+// take removes cl from the pending table if it is still there, returning
+// its stop func. Whoever takes a call completes it.
+func (c *Conn) take(cl *call) (stop func() bool, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.pending == nil || c.mu.pending[cl.opaque] != cl {
+		return nil, false
+	}
+	delete(c.mu.pending, cl.opaque)
+	c.inflight.Add(-1)
+	return cl.stop, true
+}
+
+// stamp fills in language and version when left zero, and clears the
+// response bit of a request.
+func (c *Conn) stamp(cmd *protocol.Command) {
+	if cmd.Language == 0 {
+		cmd.Language = c.cfg.language
+	}
+	if cmd.Version == 0 {
+		cmd.Version = c.cfg.version
+	}
+}
+
+// encode encodes cmd into a pooled buffer.
+func (c *Conn) encode(cmd *protocol.Command) (*[]byte, error) {
+	bp := c.bufs.Get().(*[]byte)
+	b, err := cmd.AppendFrame((*bp)[:0], c.cfg.serialize)
+	if err != nil {
+		c.putBuf(bp)
+		return nil, fmt.Errorf("remoting: encoding code %d: %w", cmd.Code, err)
+	}
+	*bp = b
+	return bp, nil
+}
+
+func (c *Conn) putBuf(bp *[]byte) {
+	if cap(*bp) <= maxPooledBuf {
+		*bp = (*bp)[:0]
+		c.bufs.Put(bp)
+	}
+}
+
+// acquire takes a slot of sem, waiting as ctx allows.
+func (c *Conn) acquire(ctx context.Context, sem chan struct{}) error {
+	select {
+	case sem <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctxErr(ctx)
+	case <-c.quit:
+		return c.closedErr()
+	}
+}
+
+// enqueue queues f for the writer, waiting for room as ctx allows.
+func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
+	select {
+	case <-c.quit:
+		c.putBuf(f.buf)
+		return c.closedErr()
+	default:
+	}
+	c.queued.Add(1)
+	select {
+	case c.wq <- f:
+		return nil
+	default:
+	}
+	select {
+	case c.wq <- f:
+		return nil
+	case <-ctx.Done():
+		c.queued.Add(-1)
+		c.putBuf(f.buf)
+		return ctxErr(ctx)
+	case <-c.quit:
+		c.queued.Add(-1)
+		c.putBuf(f.buf)
+		return c.closedErr()
+	}
+}
+
+// tryEnqueue queues f without waiting; a full queue closes the connection
+// with ErrWriteQueueFull. Used for responses, which must never block.
+func (c *Conn) tryEnqueue(f outFrame) error {
+	select {
+	case <-c.quit:
+		c.putBuf(f.buf)
+		return c.closedErr()
+	default:
+	}
+	c.queued.Add(1)
+	select {
+	case c.wq <- f:
+		return nil
+	default:
+		c.queued.Add(-1)
+		c.putBuf(f.buf)
+		c.log.Warn("remoting: closing connection: write queue full", "frames", cap(c.wq))
+		c.shutdown(ErrWriteQueueFull)
+		return c.closedErr()
+	}
+}
+
+// ctxErr maps a done ctx to the error a call returns: ErrTimeout for a
+// deadline, ctx's error (or cause) otherwise.
+func ctxErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ErrTimeout
+	}
+	if cause := context.Cause(ctx); cause != nil {
+		return cause
+	}
+	return ctx.Err()
+}
+
+func callErr(req *protocol.Command, err error) error {
+	return fmt.Errorf("remoting: request code %d opaque %d: %w", req.Code, req.Opaque, err)
+}
+
+// Invoke sends req and waits for its response, or for ctx to end. It sets
+// req's opaque (from this Conn's own counter), clears its response bit and
+// fills in Language and Version when zero; req must not be used by another
+// call until Invoke returns, and may be reused afterwards.
+//
+// Invoke blocks while the write queue is full (backpressure) and until the
+// response arrives. When ctx ends first it returns an error wrapping
+// ErrTimeout (deadline) or ctx's error, and forgets the call: a late
+// response is dropped and counted. If the connection closes first the error
+// wraps ErrConnClosed. The response is owned by the caller.
+func (c *Conn) Invoke(ctx context.Context, req *protocol.Command) (*protocol.Command, error) {
+	if ctx.Err() != nil {
+		return nil, callErr(req, ctxErr(ctx))
+	}
+	req.Flag &^= protocol.FlagResponse | protocol.FlagOneway
+	c.stamp(req)
+	cl := c.calls.Get().(*call)
+	if err := c.register(req, cl); err != nil {
+		c.calls.Put(cl)
+		return nil, callErr(req, err)
+	}
+	bp, err := c.encode(req)
+	if err == nil {
+		err = c.enqueue(ctx, outFrame{buf: bp})
+	}
+	if err != nil {
+		if _, ok := c.take(cl); ok {
+			c.calls.Put(cl)
+			return nil, callErr(req, err)
+		}
+		// Close took the call first and is delivering its error.
+		r := <-cl.ch
+		c.calls.Put(cl)
+		return r.resp, callErr(req, r.err)
+	}
+	select {
+	case r := <-cl.ch:
+		c.calls.Put(cl)
+		if r.err != nil {
+			return nil, callErr(req, r.err)
+		}
+		return r.resp, nil
+	case <-ctx.Done():
+		if _, ok := c.take(cl); ok {
+			c.calls.Put(cl)
+			return nil, callErr(req, ctxErr(ctx))
+		}
+		// The response (or the close) won the race; take what it delivers.
+		r := <-cl.ch
+		c.calls.Put(cl)
+		if r.err != nil {
+			return nil, callErr(req, r.err)
+		}
+		return r.resp, nil
+	}
+}
+
+// InvokeAsync sends req and calls cb with its response or error, exactly
+// once. req is treated as by Invoke and may be reused once InvokeAsync
+// returns. At most WithMaxInFlightAsync calls await their response at once;
+// InvokeAsync blocks for a slot and for room in the write queue, bounded by
+// ctx. ctx also bounds the wait for the response: when it ends first, cb
+// gets an error wrapping ErrTimeout (deadline) or ctx's error. A ctx that
+// never ends waits until the response arrives or the Conn closes.
+//
+// Where cb runs: on the caller's goroutine, before InvokeAsync returns, when
+// the request could not be sent (ctx ended while waiting, Conn closed,
+// encoding error); on the Conn's reader goroutine when the response arrives
+// (so cb must not block: hand long work to another goroutine, and never call
+// Close from it); on a goroutine of context.AfterFunc when ctx ends first;
+// on the goroutine that closes the Conn otherwise. cb owns the response.
+func (c *Conn) InvokeAsync(ctx context.Context, req *protocol.Command, cb func(resp *protocol.Command, err error)) {
+	if ctx.Err() != nil {
+		cb(nil, callErr(req, ctxErr(ctx)))
+		return
+	}
+	if err := c.acquire(ctx, c.asyncSem); err != nil {
+		cb(nil, callErr(req, err))
+		return
+	}
+	req.Flag &^= protocol.FlagResponse | protocol.FlagOneway
+	c.stamp(req)
+	cl := &call{cb: cb}
+	if err := c.register(req, cl); err != nil {
+		<-c.asyncSem
+		cb(nil, callErr(req, err))
+		return
+	}
+	code, opaque := req.Code, req.Opaque
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			if stop, ok := c.take(cl); ok {
+				c.complete(cl, stop, nil, fmt.Errorf("remoting: request code %d opaque %d: %w", code, opaque, ctxErr(ctx)))
+			}
+		})
+		c.mu.Lock()
+		if c.mu.pending != nil && c.mu.pending[cl.opaque] == cl {
+			cl.stop = stop
+			c.mu.Unlock()
+		} else {
+			c.mu.Unlock()
+			stop() // already completed (closed, or timed out at once)
+		}
+	}
+	bp, err := c.encode(req)
+	if err == nil {
+		err = c.enqueue(ctx, outFrame{buf: bp})
+	}
+	if err != nil {
+		if stop, ok := c.take(cl); ok {
+			c.complete(cl, stop, nil, callErr(req, err))
+		}
+	}
+}
+
+// InvokeOneway sends req with the oneway bit set and no pending entry: the
+// peer must not answer (a response would be dropped and counted). It sets
+// req's opaque, flag, and Language/Version when zero; req may be reused once
+// InvokeOneway returns. It returns once the frame is queued, blocking for a
+// oneway slot (WithMaxInFlightOneway frames queued but unwritten) and queue
+// room as ctx allows. A nil error does not mean the peer received it.
+func (c *Conn) InvokeOneway(ctx context.Context, req *protocol.Command) error {
+	if ctx.Err() != nil {
+		return callErr(req, ctxErr(ctx))
+	}
+	if err := c.acquire(ctx, c.onewaySem); err != nil {
+		return callErr(req, err)
+	}
+	req.Flag &^= protocol.FlagResponse
+	req.MarkOneway()
+	c.stamp(req)
+	req.Opaque = c.opaque.Add(1)
+	bp, err := c.encode(req)
+	if err == nil {
+		err = c.enqueue(ctx, outFrame{buf: bp, oneway: true})
+	}
+	if err != nil {
+		<-c.onewaySem
+		return callErr(req, err)
+	}
+	return nil
+}
+
+// writeResponse sends resp as the answer to req (nothing for a oneway
+// request). It never blocks: a full write queue closes the connection.
+func (c *Conn) writeResponse(req, resp *protocol.Command) error {
+	if req.IsOneway() {
+		return nil
+	}
+	resp.Opaque = req.Opaque
+	resp.Flag = (resp.Flag | protocol.FlagResponse) &^ protocol.FlagOneway
+	c.stamp(resp)
+	bp, err := c.encode(resp)
+	if err != nil {
+		// The processor built a response this encoding cannot carry; tell the
+		// peer instead of leaving it waiting.
+		c.log.Warn("remoting: response not encodable", "code", resp.Code, "err", err)
+		fallback := protocol.NewResponse(req, protocol.ResSystemError, err.Error())
+		c.stamp(fallback)
+		if bp, err = c.encode(fallback); err != nil {
+			return err
+		}
+	}
+	return c.tryEnqueue(outFrame{buf: bp})
+}
+
+// writeLoop drains the write queue, coalescing whatever is queued into one
+// buffered write per batch.
+func (c *Conn) writeLoop() {
+	bw := bufio.NewWriterSize(c.nc, writeBufSize)
+	for {
+		var f outFrame
+		select {
+		case f = <-c.wq:
+		case <-c.quit:
+			return
+		}
+		if c.cfg.writeTimeout > 0 {
+			_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout)) // fails only once closed; the write then fails
+		}
+		n := 0
+		var err error
+	batch:
+		for {
+			err = c.writeFrame(bw, f)
+			n++
+			if err != nil || n == maxBatch {
+				break
+			}
+			select {
+			case f = <-c.wq:
+			default:
+				break batch
+			}
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		c.queued.Add(-int64(n))
+		if err != nil {
+			if isTimeout(err) {
+				c.log.Warn("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
+			}
+			c.shutdown(fmt.Errorf("remoting: write: %w", err))
+			return
+		}
+	}
+}
+
+func (c *Conn) writeFrame(bw *bufio.Writer, f outFrame) error {
+	b := *f.buf
+	_, err := bw.Write(b)
+	c.framesOut.Add(1)
+	c.bytes.Add(int64(len(b)))
+	for _, h := range c.hooks.written {
+		h.OnFrameWritten(c, len(b))
+	}
+	c.putBuf(f.buf)
+	if f.oneway {
+		<-c.onewaySem
+	}
+	return err
+}
+
+// countingReader counts bytes read from the socket.
+type countingReader struct{ c *Conn }
+
+func (r countingReader) Read(p []byte) (int, error) {
+	n, err := r.c.nc.Read(p)
+	r.c.bytesIn.Add(int64(n))
+	return n, err
+}
+
+// readLoop reads frames until the connection fails, and returns the cause.
+func (c *Conn) readLoop() error {
+	br := bufio.NewReaderSize(countingReader{c}, readBufSize)
+	// The read deadline is pushed forward only when it has aged by a
+	// sixteenth of the idle timeout, sparing a syscall-side timer update per
+	// frame: a peer thus gets between 15/16 and all of the idle timeout.
+	idle := c.cfg.idleTimeout
+	var deadlineSet time.Time
+	for {
+		if idle > 0 {
+			if now := time.Now(); now.Sub(deadlineSet) > idle/16 {
+				_ = c.nc.SetReadDeadline(now.Add(idle)) // fails only once closed; the read then fails
+				deadlineSet = now
+			}
+		}
+		cmd, err := protocol.ReadFrame(br, c.cfg.maxFrame)
+		if err != nil {
+			return c.readError(err)
+		}
+		c.framesIn.Add(1)
+		for _, h := range c.hooks.read {
+			h.OnFrameRead(c, cmd)
+		}
+		if cmd.IsResponse() {
+			c.deliver(cmd)
+		} else {
+			c.handleRequest(cmd)
+		}
+	}
+}
+
+// readError classifies and logs a read failure, returning the close cause.
+func (c *Conn) readError(err error) error {
+	select {
+	case <-c.quit:
+		return err // closed by us; the read failure is the consequence
+	default:
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		c.log.Debug("remoting: peer closed the connection")
+		return fmt.Errorf("remoting: peer closed: %w", err)
+	case errors.Is(err, protocol.ErrMalformedFrame):
+		c.log.Warn("remoting: closing connection: malformed frame", "err", err)
+		return err
+	case isTimeout(err):
+		c.log.Debug("remoting: closing idle connection", "idle_timeout", c.cfg.idleTimeout)
+		return fmt.Errorf("remoting: no frame for %v: %w", c.cfg.idleTimeout, err)
+	default:
+		c.log.Debug("remoting: read failed", "err", err)
+		return fmt.Errorf("remoting: read: %w", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// deliver completes the pending call resp answers, or drops resp.
+func (c *Conn) deliver(resp *protocol.Command) {
+	c.mu.Lock()
+	cl, ok := c.mu.pending[resp.Opaque]
+	var stop func() bool
+	if ok {
+		delete(c.mu.pending, resp.Opaque)
+		c.inflight.Add(-1)
+		stop = cl.stop
+	}
+	c.mu.Unlock()
+	if !ok {
+		c.dropped.Add(1)
+		c.log.Debug("remoting: dropped response with unknown opaque", "opaque", resp.Opaque, "code", resp.Code)
+		return
+	}
+	c.complete(cl, stop, resp, nil)
+}
+
+// handleRequest runs dispatch for req on a handler goroutine, or answers
+// SYSTEM_BUSY when every handler slot is taken, so the reader never waits.
+// A slot is taken for each request being handled; the request goes to a
+// parked idle worker when there is one (saving a goroutine start and its
+// stack growth), else to a new worker.
+func (c *Conn) handleRequest(req *protocol.Command) {
+	select {
+	case c.handlerSem <- struct{}{}:
+	default:
+		c.rejected.Add(1)
+		c.log.Debug("remoting: rejecting request: handlers busy", "code", req.Code, "limit", cap(c.handlerSem))
+		_ = c.writeResponse(req, protocol.NewResponse(req, protocol.ResSystemBusy, "[OVERLOAD]system busy, start flow control for a while")) // a failure closed the connection, which reports it
+		return
+	}
+	select {
+	case c.work <- req:
+		return
+	default:
+	}
+	c.wg.Add(1)
+	go c.worker(req)
+}
+
+// maxIdleWorkers bounds the handler goroutines a connection keeps parked
+// for the next request.
+const maxIdleWorkers = 8
+
+// worker handles req, then parks waiting for more work unless enough
+// workers are parked already. A parked worker holds no handler slot.
+func (c *Conn) worker(req *protocol.Command) {
+	defer c.wg.Done()
+	for {
+		c.dispatch(c.ctx, req)
+		<-c.handlerSem
+		if c.idle.Add(1) > maxIdleWorkers {
+			c.idle.Add(-1)
+			return
+		}
+		select {
+		case req = <-c.work:
+			c.idle.Add(-1)
+		case <-c.quit:
+			c.idle.Add(-1)
+			return
+		}
+	}
+}
+
+// dispatchHandler is a client Conn's dispatch: the RequestHandler.
+func (c *Conn) dispatchHandler(ctx context.Context, req *protocol.Command) {
+	var resp *protocol.Command
+	if c.cfg.handler == nil {
+		resp = notSupported(req)
+	} else {
+		resp = c.cfg.handler(ctx, c, req)
+	}
+	if resp != nil {
+		_ = c.writeResponse(req, resp) // a failure closed the connection, which reports it
+	}
+}
+
+func notSupported(req *protocol.Command) *protocol.Command {
+	return protocol.NewResponse(req, protocol.ResRequestCodeNotSupported, " request type "+strconv.Itoa(int(req.Code))+" not supported")
+}

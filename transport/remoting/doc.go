@@ -1,0 +1,64 @@
+// Package remoting is RocketMQ's remoting transport: a multiplexed connection
+// (Conn) that matches responses to requests by opaque, and a Server that runs
+// one Processor per request code on many such connections. The broker, the
+// name server and the client are built on it; frames are encoded and decoded
+// by package protocol.
+//
+// # Conn
+//
+// Dial (or NewConn) returns a running Conn. Invoke sends a request and waits
+// for its response; InvokeAsync calls back instead; InvokeOneway sends a
+// request that is never answered. Every call takes a ctx that bounds both the
+// wait for room (in-flight limits, the write queue) and the wait for the
+// response. Opaques come from a per-Conn counter. Requests the peer sends to
+// the Conn (CHECK_TRANSACTION_STATE, …) go to the RequestHandler.
+//
+// # Server
+//
+// NewServer, Handle(code, processor), then Listen or Serve. A processor
+// returns the response, an error (answered SYSTEM_ERROR, or the code of a
+// *protocol.Error), or defers the answer with RequestCtx.Defer and
+// RequestCtx.Respond (long polling). Each accepted connection is a
+// ServerConn, which embeds Conn so the server can send requests to the
+// client. Control and KeepControl inject faults for tests.
+//
+// # Goroutines and bounds
+//
+// Each connection has one reader goroutine (bufio, one allocation per frame
+// for its bytes plus the decoded Command), one writer goroutine (drains a
+// bounded queue, coalescing queued frames into one buffered write per batch),
+// and at most WithMaxConcurrentHandlers goroutines running incoming requests.
+// Every one of them is joined: by Conn.Close, or for server connections by
+// Server.Close/Shutdown. Every queue is bounded:
+//
+//   - requests wait for write-queue room and in-flight slots, as their ctx
+//     allows (backpressure to the caller);
+//   - responses never wait: a full write queue means the peer is not reading,
+//     and the connection is closed with ErrWriteQueueFull;
+//   - incoming requests beyond the handler bound are answered SYSTEM_BUSY at
+//     once, so a slow handler never stops the reader (which also delivers
+//     responses);
+//   - a frame larger than WithMaxFrameSize, a malformed frame, no complete
+//     frame within the idle timeout, or a write stuck past the write timeout
+//     closes that connection only.
+//
+// # Non-obvious invariants
+//
+//   - A pending call is completed by whoever removes it from the pending
+//     table (reader, ctx expiry, Close), under Conn.mu, so each call completes
+//     exactly once; a sync call's channel has room for that one result, so
+//     completion never blocks. A caller that loses the race for its own call
+//     waits for the winner's delivery.
+//   - An async call's AfterFunc stop function is written and read under
+//     Conn.mu only.
+//   - A request frame is registered as pending before it is queued, so its
+//     response can never arrive first.
+//   - Conn.queued counts frames queued but not yet flushed and
+//     Conn.handling counts server requests neither returned nor (if deferred)
+//     answered; Respond queues before decrementing handling, so Shutdown,
+//     which closes a connection when both are zero, never loses a response.
+//   - Locks are never nested: Server.mu, Conn.mu, controls.mu and the
+//     ServerConn values lock each guard their own fields, and nothing runs
+//     callbacks (InvokeAsync callbacks, hooks, OnConnect/OnDisconnect) or
+//     Conn.shutdown while holding one.
+package remoting

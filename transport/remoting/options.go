@@ -1,0 +1,267 @@
+package remoting
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// Defaults of the options below.
+const (
+	// DefaultIdleTimeout is how long a connection may go without receiving a
+	// complete frame before it is closed: RocketMQ's 120 s
+	// (serverChannelMaxIdleTimeSeconds, and the Go client's read timeout).
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultWriteTimeout bounds one buffered write to the socket. A peer that
+	// stops reading for this long gets its connection closed.
+	DefaultWriteTimeout = 30 * time.Second
+	// DefaultMaxInFlightAsync bounds a Conn's concurrent InvokeAsync calls
+	// (RocketMQ's clientAsyncSemaphoreValue).
+	DefaultMaxInFlightAsync = 65535
+	// DefaultMaxInFlightOneway bounds a Conn's oneway requests queued but not
+	// yet written (RocketMQ's clientOnewaySemaphoreValue).
+	DefaultMaxInFlightOneway = 65535
+	// DefaultWriteQueueFrames is the capacity, in frames, of a connection's
+	// write queue.
+	DefaultWriteQueueFrames = 4096
+	// DefaultClientHandlers bounds the goroutines a Conn runs its
+	// RequestHandler on at once.
+	DefaultClientHandlers = 64
+	// DefaultServerHandlers bounds the goroutines a Server runs processors on
+	// at once for ONE connection.
+	DefaultServerHandlers = 256
+)
+
+// Option configures Dial and NewConn. Options that also configure a Server
+// are CommonOptions.
+type Option interface{ apply(*connConfig) }
+
+// ServerOption configures NewServer. CommonOptions are ServerOptions too;
+// for a Server they configure every connection it accepts.
+type ServerOption interface{ applyServer(*serverConfig) }
+
+// CommonOption configures both a Conn (Dial, NewConn) and a Server.
+type CommonOption interface {
+	Option
+	ServerOption
+}
+
+type connOpt func(*connConfig)
+
+func (o connOpt) apply(c *connConfig) { o(c) }
+
+type serverOpt func(*serverConfig)
+
+func (o serverOpt) applyServer(c *serverConfig) { o(c) }
+
+type commonOpt func(*connConfig)
+
+func (o commonOpt) apply(c *connConfig)         { o(c) }
+func (o commonOpt) applyServer(c *serverConfig) { o(&c.conn) }
+
+// orDiscard returns l, or a logger that discards when l is nil.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
+// connConfig is the configuration of one connection, client or server side.
+type connConfig struct {
+	logger        *slog.Logger
+	tls           *tls.Config
+	serialize     protocol.SerializeType
+	maxFrame      int
+	idleTimeout   time.Duration
+	writeTimeout  time.Duration
+	writeQueue    int
+	handlers      int
+	language      protocol.LanguageCode
+	version       int32
+	hooks         []Hook
+	maxAsync      int
+	maxOneway     int
+	handler       RequestHandler
+	languageIsSet bool
+}
+
+func defaultConnConfig() connConfig {
+	return connConfig{
+		serialize:    protocol.SerializeJSON,
+		maxFrame:     protocol.DefaultMaxFrameSize,
+		idleTimeout:  DefaultIdleTimeout,
+		writeTimeout: DefaultWriteTimeout,
+		writeQueue:   DefaultWriteQueueFrames,
+		handlers:     DefaultClientHandlers,
+		language:     protocol.LanguageGo,
+		version:      protocol.CurrentVersion,
+		maxAsync:     DefaultMaxInFlightAsync,
+		maxOneway:    DefaultMaxInFlightOneway,
+	}
+}
+
+func (c *connConfig) validate() error {
+	switch {
+	case c.serialize != protocol.SerializeJSON && c.serialize != protocol.SerializeRocketMQ:
+		return fmt.Errorf("remoting: unknown serialize type %d", c.serialize)
+	case c.maxFrame < 64 || c.maxFrame > 1<<30:
+		return fmt.Errorf("remoting: max frame size %d outside [64, 1 GiB]", c.maxFrame)
+	case c.idleTimeout < 0:
+		return fmt.Errorf("remoting: negative idle timeout %v", c.idleTimeout)
+	case c.writeTimeout < 0:
+		return fmt.Errorf("remoting: negative write timeout %v", c.writeTimeout)
+	case c.writeQueue < 1:
+		return fmt.Errorf("remoting: write queue of %d frames", c.writeQueue)
+	case c.handlers < 1:
+		return fmt.Errorf("remoting: %d concurrent handlers", c.handlers)
+	case c.maxAsync < 1:
+		return fmt.Errorf("remoting: max in-flight async %d", c.maxAsync)
+	case c.maxOneway < 1:
+		return fmt.Errorf("remoting: max in-flight oneway %d", c.maxOneway)
+	case c.version < -1<<15 || c.version >= 1<<15:
+		return fmt.Errorf("remoting: version %d outside int16", c.version)
+	}
+	c.logger = orDiscard(c.logger)
+	return nil
+}
+
+// WithLogger sets the logger; nil (the default) discards. Connection-level
+// events (closes and their reasons, malformed frames, rejected requests) are
+// logged at Debug or Warn.
+func WithLogger(l *slog.Logger) CommonOption {
+	return commonOpt(func(c *connConfig) { c.logger = l })
+}
+
+// WithTLSConfig enables TLS. For Dial, cfg is the client configuration (nil
+// ServerName is derived from the address by crypto/tls); for a Server, it is
+// the server configuration and every accepted connection must speak TLS
+// unless WithPermissiveTLS is also given. NewConn ignores it (the net.Conn
+// given is used as is).
+func WithTLSConfig(cfg *tls.Config) CommonOption {
+	return commonOpt(func(c *connConfig) { c.tls = cfg })
+}
+
+// WithSerializeType sets the header encoding of every frame this side
+// writes: protocol.SerializeJSON (the default, as RocketMQ clients and
+// servers use) or protocol.SerializeRocketMQ. Incoming frames are decoded in
+// whichever encoding each one announces.
+func WithSerializeType(st protocol.SerializeType) CommonOption {
+	return commonOpt(func(c *connConfig) { c.serialize = st })
+}
+
+// WithMaxFrameSize bounds incoming frames (the value of the length word);
+// protocol.DefaultMaxFrameSize (16 MiB) by default. A larger frame closes the
+// connection before anything is allocated for it.
+func WithMaxFrameSize(n int) CommonOption {
+	return commonOpt(func(c *connConfig) { c.maxFrame = n })
+}
+
+// WithIdleTimeout sets how long a connection may wait for the next complete
+// incoming frame before it is closed (DefaultIdleTimeout; 0 = never). The
+// deadline restarts at frame boundaries (to save timer updates, only once it
+// has aged by a sixteenth of the timeout, so the effective limit lies between
+// 15/16 of the timeout and all of it); it therefore also bounds a peer that
+// sends a frame byte by byte.
+func WithIdleTimeout(d time.Duration) CommonOption {
+	return commonOpt(func(c *connConfig) { c.idleTimeout = d })
+}
+
+// WithWriteTimeout bounds each buffered socket write (DefaultWriteTimeout;
+// 0 = never). When it passes the connection is closed.
+func WithWriteTimeout(d time.Duration) CommonOption {
+	return commonOpt(func(c *connConfig) { c.writeTimeout = d })
+}
+
+// WithWriteQueueFrames sets the capacity, in frames, of each connection's
+// write queue (DefaultWriteQueueFrames). Requests wait for room (bounded by
+// their ctx); responses never wait: when the queue is full the connection is
+// closed with ErrWriteQueueFull.
+func WithWriteQueueFrames(n int) CommonOption {
+	return commonOpt(func(c *connConfig) { c.writeQueue = n })
+}
+
+// WithMaxConcurrentHandlers bounds how many incoming requests of one
+// connection are handled at once, each on its own goroutine: a Conn's
+// RequestHandler (DefaultClientHandlers) or a Server's processors
+// (DefaultServerHandlers per connection). A request arriving when the bound
+// is reached is answered at once with SYSTEM_BUSY (Java's "[OVERLOAD]" reply;
+// dropped if oneway) so the reader never waits for a handler.
+func WithMaxConcurrentHandlers(n int) CommonOption {
+	return commonOpt(func(c *connConfig) { c.handlers = n })
+}
+
+// WithLanguage sets the language code stamped on outgoing commands whose
+// Language is zero (LanguageJava). Conns default to protocol.LanguageGo,
+// Servers to protocol.LanguageJava (so that Java clients see a Java broker).
+func WithLanguage(l protocol.LanguageCode) CommonOption {
+	return commonOpt(func(c *connConfig) { c.language, c.languageIsSet = l, true })
+}
+
+// WithVersion sets the version stamped on outgoing commands whose Version is
+// zero; protocol.CurrentVersion by default.
+func WithVersion(v int32) CommonOption {
+	return commonOpt(func(c *connConfig) { c.version = v })
+}
+
+// WithHooks adds hooks: values implementing one or more of the Hook…
+// interfaces. Hooks are called synchronously on the connection's reader or
+// writer goroutine and must be fast.
+func WithHooks(hooks ...Hook) CommonOption {
+	return commonOpt(func(c *connConfig) { c.hooks = append(c.hooks, hooks...) })
+}
+
+// WithMaxInFlightAsync bounds a Conn's InvokeAsync calls awaiting their
+// response (DefaultMaxInFlightAsync). InvokeAsync waits for a slot, bounded
+// by its ctx.
+func WithMaxInFlightAsync(n int) Option {
+	return connOpt(func(c *connConfig) { c.maxAsync = n })
+}
+
+// WithMaxInFlightOneway bounds a Conn's InvokeOneway requests queued but not
+// yet written (DefaultMaxInFlightOneway). InvokeOneway waits for a slot,
+// bounded by its ctx.
+func WithMaxInFlightOneway(n int) Option {
+	return connOpt(func(c *connConfig) { c.maxOneway = n })
+}
+
+// WithRequestHandler sets the handler of requests the peer sends to a Conn
+// (server-initiated requests such as CHECK_TRANSACTION_STATE). Without one,
+// such requests are answered with REQUEST_CODE_NOT_SUPPORTED.
+func WithRequestHandler(h RequestHandler) Option {
+	return connOpt(func(c *connConfig) { c.handler = h })
+}
+
+// serverConfig is a Server's configuration.
+type serverConfig struct {
+	conn         connConfig
+	permissive   bool
+	onConnect    func(*ServerConn)
+	onDisconnect func(*ServerConn)
+}
+
+// WithPermissiveTLS makes a Server given WithTLSConfig accept both TLS and
+// plain TCP on one port, telling them apart by the first byte (0x16 starts
+// a TLS handshake; no valid plain frame starts with it), like Java's
+// TlsMode.PERMISSIVE.
+func WithPermissiveTLS() ServerOption {
+	return serverOpt(func(c *serverConfig) { c.permissive = true })
+}
+
+// WithOnConnect sets a function called for every accepted connection before
+// its first request is read, on that connection's goroutine. It may attach
+// values with ServerConn.SetValue. It must not block for long.
+func WithOnConnect(fn func(*ServerConn)) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.onConnect = fn })
+}
+
+// WithOnDisconnect sets a function called once for every accepted
+// connection after it closed and its processors returned (ServerConn.Err
+// tells why it closed). It runs on that connection's goroutine; Shutdown and
+// Close wait for it.
+func WithOnDisconnect(fn func(*ServerConn)) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.onDisconnect = fn })
+}

@@ -1,0 +1,588 @@
+package remoting
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// Processor handles the requests of one or more request codes on a Server.
+//
+// ProcessRequest runs on its own goroutine (at most WithMaxConcurrentHandlers
+// per connection); ctx is cancelled when the connection or the Server closes.
+// It returns the response, which the Server sends with the request's opaque
+// and the response flag; or an error, answered with SYSTEM_ERROR and the
+// error text as remark (or with the code and remark of a *protocol.Error);
+// or (nil, nil) for no response now: after rc.Defer() the processor (or any
+// goroutine it hands rc to) answers later with rc.Respond, exactly once —
+// long-polling pulls do this. Without Defer, (nil, nil) means no response at
+// all. Oneway requests are never answered, whatever is returned.
+type Processor interface {
+	ProcessRequest(ctx context.Context, rc *RequestCtx) (*protocol.Command, error)
+}
+
+// ProcessorFunc adapts a function to Processor.
+type ProcessorFunc func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error)
+
+// ProcessRequest calls f(ctx, rc).
+func (f ProcessorFunc) ProcessRequest(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+	return f(ctx, rc)
+}
+
+// RequestCtx is one request being served: the request, the connection it came
+// on, and the means to answer it later. It may be used from any goroutine.
+type RequestCtx struct {
+	req   *protocol.Command
+	conn  *ServerConn
+	state atomic.Uint32
+}
+
+const (
+	rcDeferred uint32 = 1 << iota
+	rcResponded
+)
+
+// Request returns the request. The processor owns it for the life of rc.
+func (rc *RequestCtx) Request() *protocol.Command { return rc.req }
+
+// Conn returns the connection the request came on.
+func (rc *RequestCtx) Conn() *ServerConn { return rc.conn }
+
+// RemoteAddr returns the requesting peer's address.
+func (rc *RequestCtx) RemoteAddr() net.Addr { return rc.conn.remote }
+
+// Defer marks the request as answered later with Respond: the processor then
+// returns (nil, nil). Defer must be called before ProcessRequest returns. A
+// deferred request counts as in flight for Shutdown until Respond is called
+// or its connection closes. Defer after Respond does nothing.
+func (rc *RequestCtx) Defer() {
+	for {
+		old := rc.state.Load()
+		if old&(rcResponded|rcDeferred) != 0 || rc.state.CompareAndSwap(old, old|rcDeferred) {
+			return
+		}
+	}
+}
+
+// Respond sends resp as the response to the request, with the request's
+// opaque and the response flag, in the Server's serialize type. Only the
+// first call counts; later ones return ErrAlreadyResponded. A nil resp, or
+// a oneway request, sends nothing but still ends the request. Respond never
+// blocks: when the connection's write queue is full the connection is closed
+// (ErrWriteQueueFull). It returns an error wrapping ErrConnClosed when the
+// connection is gone.
+func (rc *RequestCtx) Respond(resp *protocol.Command) error {
+	var old uint32
+	for {
+		old = rc.state.Load()
+		if old&rcResponded != 0 {
+			return ErrAlreadyResponded
+		}
+		if rc.state.CompareAndSwap(old, old|rcResponded) {
+			break
+		}
+	}
+	var err error
+	if resp != nil {
+		err = rc.conn.Conn.writeResponse(rc.req, resp)
+	}
+	if old&rcDeferred != 0 {
+		rc.conn.Conn.handling.Add(-1)
+	}
+	return err
+}
+
+// ServerConn is the server side of one accepted connection. It embeds *Conn,
+// so the server can Invoke, InvokeAsync and InvokeOneway requests to the
+// client (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED, …) and watch
+// Done; requests from the client go to the Server's processors. Per-connection
+// values can be attached with SetValue. Safe for concurrent use.
+//
+// ServerConn.Close does not wait; the embedded Conn's own Close (sc.Conn.Close)
+// waits for the connection's processors and must not be called from one.
+type ServerConn struct {
+	*Conn
+	id   uint64
+	vals struct {
+		sync.Mutex
+		m map[any]any
+	}
+}
+
+// ID returns a number unique among the connections of this Server.
+func (sc *ServerConn) ID() uint64 { return sc.id }
+
+// SetValue attaches v to the connection under key (nil v removes it).
+func (sc *ServerConn) SetValue(key, v any) {
+	sc.vals.Lock()
+	defer sc.vals.Unlock()
+	if v == nil {
+		delete(sc.vals.m, key)
+		return
+	}
+	if sc.vals.m == nil {
+		sc.vals.m = make(map[any]any)
+	}
+	sc.vals.m[key] = v
+}
+
+// Value returns the value attached under key, or nil.
+func (sc *ServerConn) Value(key any) any {
+	sc.vals.Lock()
+	defer sc.vals.Unlock()
+	return sc.vals.m[key]
+}
+
+// Close closes the connection without waiting: pending calls to the client
+// fail, running processors see their ctx cancelled, and the Server joins the
+// connection's goroutines (and calls OnDisconnect) in the background. It is
+// safe to call from a processor. Idempotent; returns nil.
+func (sc *ServerConn) Close() error {
+	sc.Conn.shutdown(errLocalClose)
+	return nil
+}
+
+// ServerStats is a snapshot of a Server's counters.
+type ServerStats struct {
+	Accepted int64 // connections accepted since start
+	Active   int64 // connections open now
+}
+
+// Server serves RocketMQ remoting requests: one Processor per request code,
+// many multiplexed connections, each with the machinery of Conn (bounded
+// write queue, bounded processor concurrency, idle timeout, max frame size).
+// A connection that sends a malformed or oversized frame, idles too long or
+// does not read its responses is closed; the Server keeps serving the rest.
+//
+// Handle, Control and the other methods are safe for concurrent use,
+// including while serving.
+type Server struct {
+	cfg serverConfig
+	log *slog.Logger
+
+	procMu sync.Mutex // serialises Handle
+	procs  atomic.Pointer[map[int32]Processor]
+
+	ctrl controls
+
+	ctx    context.Context // parent of every connection's lifetime ctx
+	cancel context.CancelFunc
+	quit   chan struct{} // closed when Shutdown or Close begins
+	going  atomic.Bool   // Shutdown began: GO_AWAY to new clients
+
+	mu struct {
+		sync.Mutex
+		closed    bool // no new listeners or connections
+		listeners map[net.Listener]struct{}
+		conns     map[*ServerConn]struct{}
+		addr      net.Addr
+		serveErr  error
+		nextID    uint64
+	}
+	wg sync.WaitGroup
+
+	accepted atomic.Int64
+}
+
+// NewServer returns a Server configured by opts; it serves nothing until
+// Serve or Listen.
+func NewServer(opts ...ServerOption) (*Server, error) {
+	cfg := serverConfig{conn: defaultConnConfig()}
+	cfg.conn.handlers = DefaultServerHandlers
+	for _, o := range opts {
+		o.applyServer(&cfg)
+	}
+	if !cfg.conn.languageIsSet {
+		cfg.conn.language = protocol.LanguageJava
+	}
+	if err := cfg.conn.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.permissive && cfg.conn.tls == nil {
+		return nil, errors.New("remoting: WithPermissiveTLS needs WithTLSConfig")
+	}
+	s := &Server{cfg: cfg, log: cfg.conn.logger, quit: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.mu.listeners = make(map[net.Listener]struct{})
+	s.mu.conns = make(map[*ServerConn]struct{})
+	empty := map[int32]Processor{}
+	s.procs.Store(&empty)
+	return s, nil
+}
+
+// Handle registers p for requests with the given code, replacing an earlier
+// registration. A nil p removes it. Requests whose code has no processor are
+// answered REQUEST_CODE_NOT_SUPPORTED with Java's remark.
+func (s *Server) Handle(code int32, p Processor) {
+	s.procMu.Lock()
+	defer s.procMu.Unlock()
+	old := *s.procs.Load()
+	m := make(map[int32]Processor, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if p == nil {
+		delete(m, code)
+	} else {
+		m[code] = p
+	}
+	s.procs.Store(&m)
+}
+
+// Listen binds a TCP listener to addr ("host:port"; port 0 picks a free
+// one), serves it on a goroutine the Server owns, and returns the bound
+// address. ctx bounds the bind only. An accept failure that stops that
+// goroutine is logged and returned by Close or Shutdown.
+func (s *Server) Listen(ctx context.Context, addr string) (net.Addr, error) {
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("remoting: listen %s: %w", addr, err)
+	}
+	if !s.trackListener(l) {
+		return nil, ErrServerClosed
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.serve(l); !errors.Is(err, ErrServerClosed) {
+			s.log.Error("remoting: server stopped accepting", "addr", l.Addr().String(), "err", err)
+			s.mu.Lock()
+			s.mu.serveErr = errors.Join(s.mu.serveErr, err)
+			s.mu.Unlock()
+		}
+	}()
+	return l.Addr(), nil
+}
+
+// Addr returns the address of the most recently started listener, or nil.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.addr
+}
+
+// Stats returns a snapshot of the Server's counters.
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	active := int64(len(s.mu.conns))
+	s.mu.Unlock()
+	return ServerStats{Accepted: s.accepted.Load(), Active: active}
+}
+
+// Conns returns a snapshot of the open connections.
+func (s *Server) Conns() []*ServerConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*ServerConn, 0, len(s.mu.conns))
+	for sc := range s.mu.conns {
+		out = append(out, sc)
+	}
+	return out
+}
+
+func (s *Server) trackListener(l net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		_ = l.Close() // never served
+		return false
+	}
+	s.mu.listeners[l] = struct{}{}
+	s.mu.addr = l.Addr()
+	return true
+}
+
+// Serve accepts connections on l and serves them until Shutdown or Close,
+// then returns ErrServerClosed; it returns another error only if Accept
+// fails permanently. Serve always closes l. It blocks; call it on a
+// goroutine of your own (or use Listen).
+func (s *Server) Serve(l net.Listener) error {
+	if !s.trackListener(l) {
+		return ErrServerClosed
+	}
+	return s.serve(l)
+}
+
+func (s *Server) serve(l net.Listener) error {
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.listeners, l)
+		s.mu.Unlock()
+		_ = l.Close() // may already be closed by Close
+	}()
+	var delay time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			select {
+			case <-s.quit:
+				return ErrServerClosed
+			default:
+			}
+			var te interface{ Temporary() bool }
+			if errors.As(err, &te) && te.Temporary() {
+				// Out of file descriptors and the like: back off, as net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.log.Warn("remoting: accept failed; retrying", "err", err, "delay", delay)
+				t := time.NewTimer(delay)
+				select {
+				case <-t.C:
+				case <-s.quit:
+					t.Stop()
+					return ErrServerClosed
+				}
+				continue
+			}
+			return fmt.Errorf("remoting: accept: %w", err)
+		}
+		delay = 0
+		if !s.startConn(nc) {
+			return ErrServerClosed
+		}
+	}
+}
+
+func (s *Server) startConn(nc net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		_ = nc.Close() // never served
+		return false
+	}
+	s.accepted.Add(1)
+	s.mu.nextID++
+	id := s.mu.nextID
+	s.wg.Add(1)
+	go s.serveConn(nc, id)
+	return true
+}
+
+// handshakeTimeout bounds a TLS handshake or the permissive-mode sniff.
+const handshakeTimeout = 10 * time.Second
+
+// prepare applies TLS to an accepted connection.
+func (s *Server) prepare(nc net.Conn) (net.Conn, error) {
+	cfg := s.cfg.conn.tls
+	if cfg == nil {
+		return nc, nil
+	}
+	d := handshakeTimeout
+	if it := s.cfg.conn.idleTimeout; it > 0 && it < d {
+		d = it
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, d)
+	defer cancel()
+	if s.cfg.permissive {
+		_ = nc.SetReadDeadline(time.Now().Add(d)) // a failure surfaces in Peek
+		br := bufio.NewReaderSize(nc, 16)
+		first, err := br.Peek(1)
+		if err != nil {
+			return nil, fmt.Errorf("remoting: sniffing first byte: %w", err)
+		}
+		_ = nc.SetReadDeadline(time.Time{}) // the reader sets its own deadlines
+		pc := &peekedConn{Conn: nc, r: br}
+		if first[0] != 0x16 { // not a TLS handshake record: plain TCP
+			return pc, nil
+		}
+		nc = pc
+	}
+	tc := tls.Server(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("remoting: TLS handshake: %w", err)
+	}
+	return tc, nil
+}
+
+// peekedConn is a net.Conn whose first bytes were read into r.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// serveConn runs one accepted connection: its reader runs here; its writer
+// and processors on goroutines joined before OnDisconnect.
+func (s *Server) serveConn(nc net.Conn, id uint64) {
+	defer s.wg.Done()
+	raw := nc
+	nc, err := s.prepare(raw)
+	if err != nil {
+		s.log.Debug("remoting: dropping connection", "remote", raw.RemoteAddr().String(), "err", err)
+		_ = raw.Close() // handshake failed; nothing was served
+		return
+	}
+	sc := &ServerConn{id: id}
+	sc.Conn = newConn(s.ctx, nc, s.cfg.conn)
+	sc.Conn.dispatch = func(ctx context.Context, req *protocol.Command) { s.serveRequest(ctx, sc, req) }
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		_ = nc.Close() // closed while handshaking
+		return
+	}
+	s.mu.conns[sc] = struct{}{}
+	s.mu.Unlock()
+
+	sc.Conn.startWriter()
+	if s.cfg.onConnect != nil {
+		s.cfg.onConnect(sc)
+	}
+	sc.Conn.shutdown(sc.Conn.readLoop())
+	sc.Conn.wg.Wait()
+
+	s.mu.Lock()
+	delete(s.mu.conns, sc)
+	s.mu.Unlock()
+	if s.cfg.onDisconnect != nil {
+		s.cfg.onDisconnect(sc)
+	}
+}
+
+// serveRequest runs one request through the controls and its processor.
+func (s *Server) serveRequest(ctx context.Context, sc *ServerConn, req *protocol.Command) {
+	c := sc.Conn
+	c.handling.Add(1)
+	rc := &RequestCtx{req: req, conn: sc}
+	resp, err := s.process(ctx, rc)
+	if err != nil {
+		resp = errorResponse(req, err)
+	}
+	if resp != nil {
+		_ = rc.Respond(resp) // a failure closed the connection, which reports it
+	}
+	if rc.state.Load()&rcDeferred == 0 {
+		c.handling.Add(-1)
+	}
+}
+
+func (s *Server) process(ctx context.Context, rc *RequestCtx) (resp *protocol.Command, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("remoting: processor panicked", "code", rc.req.Code, "panic", r, "stack", string(debug.Stack()))
+			resp, err = nil, fmt.Errorf("remoting: processor panic: %v", r)
+		}
+	}()
+	req := rc.req
+	if s.going.Load() && req.Version > 475 {
+		// Java's answer while shutting down, to clients that understand it.
+		return protocol.NewResponse(req, protocol.ResGoAway, "please go away"), nil
+	}
+	if s.ctrl.n.Load() > 0 {
+		if resp, err, handled := s.ctrl.run(rc); handled {
+			return resp, err
+		}
+	}
+	p := (*s.procs.Load())[req.Code]
+	if p == nil {
+		return notSupported(req), nil
+	}
+	return p.ProcessRequest(ctx, rc)
+}
+
+// errorResponse turns a processor error into a response: the code of a
+// *protocol.Error in err's chain, or SYSTEM_ERROR. The remark is the
+// *protocol.Error's remark when it has one, else err's text.
+func errorResponse(req *protocol.Command, err error) *protocol.Command {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		remark := pe.Remark
+		if remark == "" {
+			remark = err.Error()
+		}
+		return protocol.NewResponse(req, pe.Code, remark)
+	}
+	return protocol.NewResponse(req, protocol.ResSystemError, err.Error())
+}
+
+// Shutdown stops the Server gracefully: it stops accepting, answers new
+// requests from clients newer than 5.3.1 with GO_AWAY (others are still
+// served), waits for every connection's processors to return and its
+// deferred responses to be sent and flushed, closing each connection as it
+// drains, and then closes. When ctx ends first it closes everything at once
+// and returns ctx's error. Later calls, and Serve, return ErrServerClosed.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if !s.beginClose() {
+		return s.Close()
+	}
+	s.going.Store(true)
+	poll := time.Millisecond
+	t := time.NewTimer(poll)
+	defer t.Stop()
+	for !s.closeDrained() {
+		select {
+		case <-ctx.Done():
+			_ = s.Close() // the deadline error is the one to report
+			return ctx.Err()
+		case <-t.C:
+		}
+		poll = min(2*poll, 50*time.Millisecond)
+		t.Reset(poll)
+	}
+	return s.Close()
+}
+
+// beginClose stops accepting. It reports whether this call did it.
+func (s *Server) beginClose() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return false
+	}
+	s.mu.closed = true
+	close(s.quit)
+	for l := range s.mu.listeners {
+		_ = l.Close() // unblocks Accept; serve reports ErrServerClosed
+	}
+	return true
+}
+
+// closeDrained closes every connection with nothing in flight and reports
+// whether none is left open.
+func (s *Server) closeDrained() bool {
+	open := 0
+	for _, sc := range s.Conns() {
+		c := sc.Conn
+		select {
+		case <-c.quit:
+			continue
+		default:
+		}
+		if c.handling.Load() == 0 && c.queued.Load() == 0 {
+			c.shutdown(ErrServerClosed)
+			continue
+		}
+		open++
+	}
+	return open == 0
+}
+
+// Close closes the Server at once: listeners, then every connection (pending
+// calls to clients fail, processors see their ctx cancelled, deferred
+// requests are abandoned). It waits for every goroutine the Server started,
+// including processors and OnDisconnect calls, so it must not be called from
+// a processor. Idempotent; it returns the error that stopped a Listen
+// goroutine's accepting, if any.
+func (s *Server) Close() error {
+	s.beginClose()
+	// No connection registers once closed is set, so this snapshot is all.
+	for _, sc := range s.Conns() {
+		sc.Conn.shutdown(ErrServerClosed)
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.serveErr
+}
