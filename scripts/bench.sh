@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# scripts/bench.sh [COUNT] — runnel's benchmarks, with its codecs next to the
+# official rocketmq-client-go's from the same run (`make bench`).
+#
+# 1. Benchmarks of the root module: every package with a Benchmark function.
+# 2. internal/interop (nested module): benchmarks named .../impl=runnel and
+#    .../impl=official. The official frame codec sits in the client's
+#    internal/remote package, which no other module may import, and the
+#    module cache cannot be overlaid, so this script copies the official
+#    module (from `go list -m -f '{{.Dir}}'`) to .bench/official, adds the
+#    shim files of internal/interop/testdata/officialshim (no upstream file is
+#    changed), points a throw-away -modfile at the copy, and adds the
+#    tagged benchmark file through -overlay. If that fails the official
+#    frame rows are skipped and a warning says so.
+#
+# Raw output goes to .bench/ (gitignored). Then it prints two benchstat
+# tables: runnel vs official side by side (-col /impl), and the rest.
+#
+# Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
+# benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
+# BENCH (benchmark regexp, default .), TIMEOUT (go test -timeout, 20m).
+set -euo pipefail
+
+GO=${GO:-go}
+COUNT=${1:-${COUNT:-6}}
+BENCHTIME=${BENCHTIME:-250ms}
+BENCH=${BENCH:-.}
+TIMEOUT=${TIMEOUT:-20m}
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$root/.bench
+interop=$root/internal/interop
+mkdir -p "$out"
+flags=(-run '^$' -bench "$BENCH" -benchmem -count "$COUNT" -benchtime "$BENCHTIME" -timeout "$TIMEOUT")
+
+# --- 1. root module ---------------------------------------------------------
+pkgs=$(cd "$root" && grep -rl --include='*_test.go' -e '^func Benchmark' . 2>/dev/null |
+	grep -v -e '^\./internal/interop/' -e '^\./\.bench/' -e '/testdata/' |
+	xargs -r -n1 dirname | sort -u)
+: >"$out/root.txt"
+if [ -n "$pkgs" ]; then
+	echo "== root module benchmarks:" $pkgs >&2
+	# shellcheck disable=SC2086
+	(cd "$root" && $GO test "${flags[@]}" $pkgs) | tee "$out/root.txt" >&2
+fi
+
+# --- 2. internal/interop with the official codec shim -------------------------
+shim=$interop/testdata/officialshim
+setup_shim() {
+	local dir
+	dir=$(cd "$interop" && $GO list -m -f '{{.Dir}}' github.com/apache/rocketmq-client-go/v2) || return 1
+	[ -n "$dir" ] || return 1
+	rm -rf "$out/official"
+	cp -R "$dir" "$out/official"
+	chmod -R u+w "$out/official"
+	cp "$shim/internal/remote/zz_runnelshim.go" "$out/official/internal/remote/"
+	mkdir -p "$out/official/runnelshim"
+	cp "$shim/runnelshim/shim.go" "$out/official/runnelshim/"
+	cp "$interop/go.mod" "$out/interop.mod"
+	cp "$interop/go.sum" "$out/interop.sum"
+	(cd "$interop" && $GO mod edit -modfile="$out/interop.mod" \
+		-replace "github.com/apache/rocketmq-client-go/v2=$out/official" \
+		-replace "github.com/runnel-dev/runnel=$root")
+	printf '{"Replace":{"%s":"%s"}}\n' "$interop/official_shim_test.go" "$shim/official_shim_test.go" >"$out/overlay.json"
+	# The shim's own cross-check must pass before its figures mean anything.
+	(cd "$interop" && $GO test -modfile="$out/interop.mod" -overlay="$out/overlay.json" -tags runnelshim \
+		-count=1 -run '^TestShim' .) >&2
+}
+shimflags=()
+if setup_shim; then
+	shimflags=(-modfile="$out/interop.mod" -overlay="$out/overlay.json" -tags runnelshim)
+else
+	echo "WARNING: the official codec shim could not be set up; the impl=official frame rows are skipped" >&2
+fi
+echo "== internal/interop benchmarks" >&2
+(cd "$interop" && $GO test "${shimflags[@]}" "${flags[@]}" .) | tee "$out/interop.txt" >&2
+
+# --- 3. tables ----------------------------------------------------------------
+cat "$out/root.txt" "$out/interop.txt" >"$out/all.txt"
+benchstat() { (cd "$interop" && $GO tool benchstat "$@"); }
+paired='/impl:(runnel OR official)'
+echo
+echo "### runnel (base) vs official rocketmq-client-go, same run: the official column's delta is relative to runnel"
+echo
+benchstat -col /impl@'(runnel official)' -filter "$paired" "$out/interop.txt"
+echo
+echo "### other benchmarks"
+echo
+benchstat -filter "-$paired" "runnel=$out/all.txt"
