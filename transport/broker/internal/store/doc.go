@@ -1,0 +1,80 @@
+// Package store is the embedded broker's durable message store, built on
+// Pebble.
+//
+// It keeps RocketMQ's two logical structures without RocketMQ's files:
+//
+//   - a "commit log" view: every appended record gets a physical offset from
+//     one store-wide byte counter (the sum of the sizes of all records appended
+//     before it), so offset message ids (store host + physical offset) are
+//     unique and VIEW_MESSAGE_BY_ID can find a record by physical offset;
+//   - a "consume queue" view: per (topic, queue id) dense logical offsets
+//     0, 1, 2, … assigned at append, with a min offset that moves forward on
+//     retention ([Store.TruncateBefore]) and a max offset that is the next
+//     offset to be written.
+//
+// Records are opaque encoded MessageExt records (protocol doc §4.1). The store
+// knows only fixed byte positions: TOTALSIZE (int32 at 0, checked against the
+// record length), QUEUEOFFSET (int64 at 20) and PHYSICALOFFSET (int64 at 28),
+// which it patches in place, and STORETIMESTAMP (int64 at a position the
+// caller passes: 56 for an IPv4 born host, 68 for IPv6), which it also patches.
+// All integers are big-endian.
+//
+// # Writes and durability
+//
+// [Store.Put] hands its messages to a single committer goroutine which owns
+// the append lock: it assigns queue offsets, physical offsets and store
+// timestamps, patches the records, and writes every message of every Put it
+// collected in that round into ONE Pebble batch together with the updated
+// per-queue max offsets and the physical counter. With [FlushSync] the batch
+// is committed with an fsync of Pebble's WAL, and all the Put calls of the
+// round are released after that single fsync (group commit). With
+// [FlushAsync] the batch is committed without fsync; a background goroutine
+// fsyncs the WAL every [Options.SyncInterval] when there were writes.
+//
+// Readers never see data that the committer has not published: the per-queue
+// max offset and the physical counter that reads are bounded by are advanced
+// in memory only after the batch commit returned (after the fsync in SYNC
+// mode). So in SYNC mode nothing that could be lost by a crash is ever served.
+//
+// # Key layout (all integers big-endian, strings length-prefixed by uint16)
+//
+//	"v"                                      format version (uint32)
+//	"g"                                      next physical offset (int64) | last store timestamp (int64)
+//	'm' topic queueId(u32) offset(u64)       message value (see below)
+//	'q' topic queueId(u32)                   queue meta: next offset (int64) | min offset (int64)
+//	'p' phys(u64)                            physical index: recordLen(u32) queueId(u32) offset(u64) topic(raw)
+//	'k' topic key ts(u64, sign-flipped) phys(u64)   key index (KEYS and UNIQ_KEY values), empty value
+//	'o' topic group queueId(u32)             consumer offset (int64)
+//	't' name                                 topic config (opaque, owned by the broker)
+//	's' name                                 subscription group config (opaque)
+//	'x' key                                  broker meta KV ([Store.PutMeta])
+//
+// A message value is a small header followed by the record:
+//
+//	tagsCode(int64) storeTimestamp(int64) uvarint(keysLen) keys… record
+//
+// where keys is a sequence of uvarint(len) key bytes: the keys the message was
+// indexed under, so retention can remove the key index entries exactly.
+//
+// # Non-obvious invariants
+//
+//   - A message, its physical and key index entries, its queue's meta (next
+//     offset) and the physical counter are written in the same Pebble batch,
+//     so after any crash they agree. Open still takes the max of the persisted
+//     next offset and (last message key + 1), and of the persisted physical
+//     counter and the end of the last physical index entry.
+//   - Queue offsets and physical offsets are assigned only by the committer
+//     goroutine under writeMu; TruncateBefore and DeleteTopic also hold writeMu.
+//   - Store timestamps never decrease across the whole store (the clock is
+//     clamped to the last assigned timestamp, which is persisted), so per queue
+//     they are non-decreasing in offset order, which SearchOffset's binary
+//     search relies on.
+//   - Index entries are validated on use (the physical offset stored in the
+//     record must match), so an index entry left behind can never resolve to
+//     another message.
+//
+// # Lock order
+//
+// writeMu → qmu. mu (open/closed and active-call count) is never held while
+// calling into Pebble.
+package store

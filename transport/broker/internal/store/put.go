@@ -1,0 +1,285 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// PutMessage is one message to append.
+type PutMessage struct {
+	// Topic and QueueID select the queue; QueueID must be >= 0.
+	Topic   string
+	QueueID int32
+	// Record is the complete encoded stored record (§4.1) whose TOTALSIZE
+	// (int32 at 0) equals len(Record). Put patches QUEUEOFFSET (20),
+	// PHYSICALOFFSET (28) and STORETIMESTAMP (StoreTimestampPos) in place:
+	// the caller must not touch Record until Put returns.
+	Record []byte
+	// StoreTimestampPos is the byte position of STORETIMESTAMP (56 for an
+	// IPv4 born host, 68 for IPv6).
+	StoreTimestampPos int
+	// TagsCode is the consume-queue tags code (§4.8), handed back by Get.
+	TagsCode int64
+	// Keys are the index keys (the KEYS values and the UNIQ_KEY) for
+	// QueryByKey; each non-empty and at most MaxNameLen bytes.
+	Keys []string
+}
+
+// PutResult reports where a message was stored.
+type PutResult struct {
+	QueueOffset    int64
+	PhysicalOffset int64
+	StoreTimestamp int64 // ms since the Unix epoch
+}
+
+// putRequest is one Put call handed to the committer.
+type putRequest struct {
+	msgs []PutMessage
+	res  []PutResult
+	size int
+	done chan error // capacity 1
+}
+
+// Put appends msgs in order, atomically (all or none, one Pebble batch).
+// Several messages may target the same queue; they get consecutive offsets.
+//
+// In FlushSync mode Put returns after the WAL holding the messages was
+// fsynced; concurrent Puts share one fsync. In FlushAsync mode it returns
+// once the messages are applied and readable. ctx bounds only the wait for
+// the committer to accept the call: once accepted, Put waits for the
+// outcome (one commit round) because the committer patches the records.
+// Put never returns a partial result.
+func (s *Store) Put(ctx context.Context, msgs []PutMessage) ([]PutResult, error) {
+	size, err := s.validatePut(msgs)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.failedErr(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r := s.reqPool.Get().(*putRequest)
+	r.msgs, r.size = msgs, size
+	r.res = make([]PutResult, len(msgs))
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		r.msgs, r.res = nil, nil
+		s.reqPool.Put(r)
+		return nil, ctx.Err()
+	case <-s.quit:
+		return nil, ErrClosed
+	}
+	err = <-r.done
+	res := r.res
+	r.msgs, r.res = nil, nil
+	s.reqPool.Put(r)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (s *Store) validatePut(msgs []PutMessage) (int, error) {
+	if len(msgs) == 0 {
+		return 0, fmt.Errorf("%w: no messages", ErrInvalid)
+	}
+	total := 0
+	for i := range msgs {
+		m := &msgs[i]
+		if err := checkName("topic", m.Topic, MaxNameLen); err != nil {
+			return 0, err
+		}
+		if err := checkQueue(m.QueueID); err != nil {
+			return 0, err
+		}
+		n := len(m.Record)
+		if n < minRecordLen || n > s.opts.MaxRecordBytes {
+			return 0, fmt.Errorf("%w: record of %d bytes (allowed %d..%d)", ErrInvalid, n, minRecordLen, s.opts.MaxRecordBytes)
+		}
+		if ts := int64(int32(binary.BigEndian.Uint32(m.Record[posTotalSize:]))); ts != int64(n) {
+			return 0, fmt.Errorf("%w: record TOTALSIZE %d != length %d", ErrInvalid, ts, n)
+		}
+		if m.StoreTimestampPos < minStoreTimestampPos || m.StoreTimestampPos > n-8 {
+			return 0, fmt.Errorf("%w: store timestamp position %d in a %d-byte record", ErrInvalid, m.StoreTimestampPos, n)
+		}
+		if len(m.Keys) > MaxKeysPerMessage {
+			return 0, fmt.Errorf("%w: %d keys exceed %d", ErrInvalid, len(m.Keys), MaxKeysPerMessage)
+		}
+		for _, k := range m.Keys {
+			if err := checkName("key", k, MaxNameLen); err != nil {
+				return 0, err
+			}
+		}
+		total += n
+		if total > MaxPutBytes {
+			return 0, fmt.Errorf("%w: Put of more than %d bytes", ErrInvalid, MaxPutBytes)
+		}
+	}
+	return total, nil
+}
+
+// runCommitter is the single writer: it collects Put calls, commits them in
+// one batch per round and releases their callers.
+func (s *Store) runCommitter() {
+	defer s.wg.Done()
+	var pending []*putRequest
+	for {
+		select {
+		case r := <-s.reqs:
+			pending = append(pending[:0], r)
+		case <-s.quit:
+			return
+		}
+		size := pending[0].size
+	gather:
+		for size < s.opts.MaxBatchBytes {
+			select {
+			case r := <-s.reqs:
+				pending = append(pending, r)
+				size += r.size
+			default:
+				break gather
+			}
+		}
+		err := s.commit(pending)
+		for i, r := range pending {
+			r.done <- err
+			pending[i] = nil
+		}
+	}
+}
+
+// commit writes one round. Offsets are assigned under writeMu, the batch is
+// committed (fsynced in SYNC mode), then the new max offsets are published.
+func (s *Store) commit(reqs []*putRequest) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	now := s.opts.Clock().UnixMilli()
+	if now < s.lastTS {
+		now = s.lastTS
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	touched := s.touched[:0]
+	physNext := s.physNext
+	for _, r := range reqs {
+		for i := range r.msgs {
+			m := &r.msgs[i]
+			q := s.queueForAppendLocked(m.Topic, m.QueueID)
+			if !q.touched {
+				q.touched = true
+				touched = append(touched, q)
+			}
+			off := q.next
+			q.next++
+			phys := physNext
+			rec := m.Record
+			physNext += int64(len(rec))
+			binary.BigEndian.PutUint64(rec[posQueueOffset:], uint64(off))
+			binary.BigEndian.PutUint64(rec[posPhysOffset:], uint64(phys))
+			binary.BigEndian.PutUint64(rec[m.StoreTimestampPos:], uint64(now))
+
+			// Message.
+			hdr, keysLen := valueHeaderLen(m.Keys)
+			op := b.SetDeferred(msgKeyLen(m.Topic), hdr+len(rec))
+			putMsgKey(op.Key, m.Topic, m.QueueID, off)
+			p := putValueHeader(op.Value, m.TagsCode, now, m.Keys, keysLen)
+			copy(op.Value[p:], rec)
+			if err := op.Finish(); err != nil {
+				return s.abort(touched, err)
+			}
+			// Physical index.
+			op = b.SetDeferred(9, physValueFixed+len(m.Topic))
+			op.Key[0] = prefixPhys
+			binary.BigEndian.PutUint64(op.Key[1:], uint64(phys))
+			binary.BigEndian.PutUint32(op.Value[0:], uint32(len(rec)))
+			binary.BigEndian.PutUint32(op.Value[4:], uint32(m.QueueID))
+			binary.BigEndian.PutUint64(op.Value[8:], uint64(off))
+			copy(op.Value[physValueFixed:], m.Topic)
+			if err := op.Finish(); err != nil {
+				return s.abort(touched, err)
+			}
+			// Key index.
+			for _, k := range m.Keys {
+				op = b.SetDeferred(keyIndexKeyLen(m.Topic, k), 0)
+				appendKeyIndexKey(op.Key[:0], m.Topic, k, now, phys)
+				if err := op.Finish(); err != nil {
+					return s.abort(touched, err)
+				}
+			}
+			r.res[i] = PutResult{QueueOffset: off, PhysicalOffset: phys, StoreTimestamp: now}
+		}
+	}
+	var v [16]byte
+	for _, q := range touched {
+		binary.BigEndian.PutUint64(v[0:], uint64(q.next))
+		binary.BigEndian.PutUint64(v[8:], uint64(q.min.Load()))
+		if err := b.Set(q.metaKey, v[:], nil); err != nil {
+			return s.abort(touched, err)
+		}
+	}
+	binary.BigEndian.PutUint64(v[0:], uint64(physNext))
+	binary.BigEndian.PutUint64(v[8:], uint64(now))
+	if err := b.Set(keyGlobal, v[:], nil); err != nil {
+		return s.abort(touched, err)
+	}
+	wo := pebble.Sync
+	if s.opts.FlushMode == FlushAsync {
+		wo = pebble.NoSync
+	}
+	if err := b.Commit(wo); err != nil {
+		err = fmt.Errorf("store: commit: %w", err)
+		s.setFailed(err)
+		return s.abort(touched, err)
+	}
+	if s.opts.FlushMode == FlushSync {
+		s.syncs.Add(1)
+	} else {
+		s.dirty.Store(true)
+	}
+	s.physNext = physNext
+	s.lastTS = now
+	s.physPublished.Store(physNext)
+	for i, q := range touched {
+		q.touched = false
+		q.max.Store(q.next)
+		if s.opts.Notify != nil {
+			s.opts.Notify(q.topic, q.id, q.next)
+		}
+		touched[i] = nil
+	}
+	s.touched = touched[:0]
+	return nil
+}
+
+// abort undoes the in-memory offset assignment of a failed round.
+func (s *Store) abort(touched []*queue, err error) error {
+	for i, q := range touched {
+		q.touched = false
+		q.next = q.max.Load()
+		touched[i] = nil
+	}
+	s.touched = touched[:0]
+	return err
+}
+
+// queueForAppendLocked returns the queue, creating it. Requires writeMu.
+func (s *Store) queueForAppendLocked(topic string, id int32) *queue {
+	if q := s.lookupQueue(topic, id); q != nil {
+		return q
+	}
+	q := newQueue(topic, id)
+	s.qmu.Lock()
+	s.qmu.m[queueKey{topic, id}] = q
+	s.qmu.Unlock()
+	return q
+}

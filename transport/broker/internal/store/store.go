@@ -1,0 +1,541 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Errors returned by the store. Match them with errors.Is.
+var (
+	// ErrClosed is returned by every call made after Close started.
+	ErrClosed = errors.New("store: closed")
+	// ErrInvalid is returned for arguments that violate a documented bound.
+	ErrInvalid = errors.New("store: invalid argument")
+	// ErrNotFound is returned when a requested message or value does not exist.
+	ErrNotFound = errors.New("store: not found")
+	// ErrCorrupt is returned when stored data does not decode.
+	ErrCorrupt = errors.New("store: corrupt data")
+	// ErrFailed is returned by writes after a write to Pebble failed; the
+	// store must be closed and reopened (which recovers a consistent state).
+	ErrFailed = errors.New("store: failed")
+)
+
+// Fixed positions in a stored record (protocol doc §4.1).
+const (
+	posTotalSize   = 0
+	posQueueOffset = 20
+	posPhysOffset  = 28
+	// minRecordLen is the smallest record the store accepts: it must hold
+	// every field up to and including PHYSICALOFFSET.
+	minRecordLen = posPhysOffset + 8
+	// minStoreTimestampPos is the lowest accepted STORETIMESTAMP position
+	// (after SYSFLAG and BORNTIMESTAMP; 56 for an IPv4 born host).
+	minStoreTimestampPos = 56
+)
+
+// Limits on caller-supplied values.
+const (
+	// MaxNameLen bounds topic, group and index key lengths in bytes.
+	MaxNameLen = 1024
+	// MaxKeysPerMessage bounds PutMessage.Keys.
+	MaxKeysPerMessage = 128
+	// MaxPutBytes bounds the total record bytes of one Put call.
+	MaxPutBytes = 256 << 20
+	// MaxValueLen bounds config and meta values.
+	MaxValueLen = 64 << 20
+	// MaxMetaKeyLen bounds meta keys.
+	MaxMetaKeyLen = 4096
+	// MaxScanPerGet bounds the entries one Get call scans (matching or not),
+	// so a selective filter cannot make a pull read a whole queue.
+	MaxScanPerGet = 16384
+	// MaxQueryNum bounds QueryByKey results.
+	MaxQueryNum = 1024
+)
+
+// FlushMode selects when Put returns relative to fsync.
+type FlushMode int
+
+const (
+	// FlushSync (default): Put returns after the WAL holding its messages was
+	// fsynced. Concurrent Puts share one fsync (group commit).
+	FlushSync FlushMode = iota
+	// FlushAsync: Put returns once its messages are applied (readable); the
+	// WAL is fsynced in the background every Options.SyncInterval. A machine
+	// crash or power loss can lose the Puts of the last SyncInterval (plus
+	// the time of one fsync); a process crash (kill -9) can lose only what
+	// Pebble had not yet handed to the OS, normally nothing or the last few
+	// milliseconds. Lost messages' offsets are reused after restart.
+	FlushAsync
+)
+
+// String returns "sync" or "async".
+func (m FlushMode) String() string {
+	switch m {
+	case FlushSync:
+		return "sync"
+	case FlushAsync:
+		return "async"
+	default:
+		return fmt.Sprintf("FlushMode(%d)", int(m))
+	}
+}
+
+// Notifier is called by the committer goroutine after a Put round was
+// published (durable in SYNC mode, applied in ASYNC mode), once per queue
+// written in that round, with the queue's new max offset. It runs on the
+// committer goroutine while the append lock is held: it must return quickly,
+// must not block, and must not call Put, TruncateBefore or DeleteTopic.
+type Notifier func(topic string, queue int32, maxOffset int64)
+
+// Options configure Open. The zero value is valid.
+type Options struct {
+	// FlushMode selects SYNC (default) or ASYNC durability for Put.
+	FlushMode FlushMode
+	// SyncInterval is the background fsync period in ASYNC mode
+	// (default 500ms, like RocketMQ's flushIntervalCommitLog).
+	SyncInterval time.Duration
+	// Logger receives Pebble's log output and store events; nil discards.
+	Logger *slog.Logger
+	// MaxBatchBytes is the record volume after which the committer stops
+	// collecting more Put calls into one batch (default 4 MiB). A single Put
+	// is never split.
+	MaxBatchBytes int
+	// MaxRecordBytes bounds one record (default 8 MiB).
+	MaxRecordBytes int
+	// Clock supplies store timestamps (default time.Now); for tests.
+	Clock func() time.Time
+	// Notify, if set, is called after new messages become readable.
+	Notify Notifier
+	// PebbleOptions, if non-nil, is used as the base Pebble configuration
+	// (the store sets Logger, and MemTableSize, MemTableStopWritesThreshold
+	// and CacheSize where they are zero). Ownership passes to Open.
+	PebbleOptions *pebble.Options
+}
+
+func (o *Options) setDefaults() error {
+	if o.FlushMode != FlushSync && o.FlushMode != FlushAsync {
+		return fmt.Errorf("%w: flush mode %d", ErrInvalid, o.FlushMode)
+	}
+	if o.SyncInterval < 0 || o.MaxBatchBytes < 0 || o.MaxRecordBytes < 0 {
+		return fmt.Errorf("%w: negative option", ErrInvalid)
+	}
+	if o.SyncInterval == 0 {
+		o.SyncInterval = 500 * time.Millisecond
+	}
+	if o.MaxBatchBytes == 0 {
+		o.MaxBatchBytes = 4 << 20
+	}
+	if o.MaxRecordBytes == 0 {
+		o.MaxRecordBytes = 8 << 20
+	}
+	if o.MaxRecordBytes < minRecordLen || o.MaxRecordBytes > MaxPutBytes {
+		return fmt.Errorf("%w: MaxRecordBytes %d", ErrInvalid, o.MaxRecordBytes)
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// queueKey identifies a queue in the in-memory map.
+type queueKey struct {
+	topic string
+	id    int32
+}
+
+// queue is the in-memory state of one (topic, queue id).
+type queue struct {
+	topic   string
+	id      int32
+	metaKey []byte // immutable
+
+	// next is the next offset to assign; guarded by Store.writeMu.
+	next int64
+	// touched marks the queue as written in the current round; writeMu.
+	touched bool
+
+	// max is the published max offset (next offset readers may see).
+	max atomic.Int64
+	// min is the smallest offset still stored (== max when empty).
+	min atomic.Int64
+}
+
+// Store is a durable message store. All methods are safe for concurrent use.
+type Store struct {
+	db   *pebble.DB
+	opts Options
+	log  *slog.Logger
+
+	reqs chan *putRequest
+	quit chan struct{}
+	wg   sync.WaitGroup
+
+	reqPool sync.Pool // *putRequest
+	bounds  sync.Pool // *bounds
+
+	// writeMu is the append lock: held by the committer for a round and by
+	// TruncateBefore/DeleteTopic.
+	writeMu  sync.Mutex
+	physNext int64    // writeMu
+	lastTS   int64    // writeMu
+	touched  []*queue // writeMu; scratch
+
+	// physPublished bounds physical offsets readers may resolve.
+	physPublished atomic.Int64
+	failure       atomic.Pointer[failure]
+	syncs         atomic.Int64
+	dirty         atomic.Bool
+
+	qmu struct {
+		sync.RWMutex
+		m map[queueKey]*queue
+	}
+
+	mu struct {
+		sync.Mutex
+		closed bool
+		active int
+		idle   sync.Cond
+	}
+}
+
+// Open opens (creating if needed) the store in dir, recovers the in-memory
+// counters and starts the committer (and, in ASYNC mode, the syncer)
+// goroutines, which Close joins.
+func Open(dir string, opts Options) (*Store, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	po := opts.PebbleOptions
+	if po == nil {
+		po = &pebble.Options{}
+	}
+	// A message log writes sequentially and reads mostly recent data: a
+	// large memtable absorbs bursts and keeps recent messages in memory.
+	if po.MemTableSize == 0 {
+		po.MemTableSize = 64 << 20
+	}
+	if po.MemTableStopWritesThreshold == 0 {
+		po.MemTableStopWritesThreshold = 4
+	}
+	if po.Cache == nil && po.CacheSize == 0 {
+		po.CacheSize = 64 << 20
+	}
+	po.Logger = pebbleLogger{opts.Logger}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("store: open pebble in %s: %w", dir, err)
+	}
+	s := &Store{
+		db:   db,
+		opts: opts,
+		log:  opts.Logger,
+		reqs: make(chan *putRequest),
+		quit: make(chan struct{}),
+	}
+	s.qmu.m = make(map[queueKey]*queue)
+	s.mu.idle.L = &s.mu.Mutex
+	s.reqPool.New = func() any { return &putRequest{done: make(chan error, 1)} }
+	s.bounds.New = func() any { return new(bounds) }
+	if err := s.recover(); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	s.wg.Add(1)
+	go s.runCommitter()
+	if opts.FlushMode == FlushAsync {
+		s.wg.Add(1)
+		go s.runSyncer()
+	}
+	return s, nil
+}
+
+// recover checks the format version and rebuilds the in-memory counters.
+func (s *Store) recover() error {
+	v, closer, err := s.db.Get(keyVersion)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], formatVersion)
+		if err := s.db.Set(keyVersion, b[:], pebble.Sync); err != nil {
+			return fmt.Errorf("store: write format version: %w", err)
+		}
+	case err != nil:
+		return fmt.Errorf("store: read format version: %w", err)
+	default:
+		ver := uint32(0)
+		if len(v) == 4 {
+			ver = binary.BigEndian.Uint32(v)
+		}
+		_ = closer.Close()
+		if ver != formatVersion {
+			return fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, formatVersion)
+		}
+	}
+
+	// Physical counter and last timestamp.
+	v, closer, err = s.db.Get(keyGlobal)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("store: read global meta: %w", err)
+	default:
+		if len(v) != 16 {
+			_ = closer.Close()
+			return fmt.Errorf("%w: global meta of %d bytes", ErrCorrupt, len(v))
+		}
+		s.physNext = int64(binary.BigEndian.Uint64(v))
+		s.lastTS = int64(binary.BigEndian.Uint64(v[8:]))
+		_ = closer.Close()
+	}
+	// Verify against the last physical index entry.
+	if err := s.recoverPhys(); err != nil {
+		return err
+	}
+	s.physPublished.Store(s.physNext)
+
+	// Queues: persisted meta, then the message keys themselves.
+	type qstate struct {
+		metaNext, metaMin int64
+		first, last       int64
+		hasData           bool
+	}
+	states := make(map[queueKey]*qstate)
+	get := func(k queueKey) *qstate {
+		st := states[k]
+		if st == nil {
+			st = &qstate{}
+			states[k] = st
+		}
+		return st
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixQueue}, UpperBound: []byte{prefixQueue + 1}})
+	if err != nil {
+		return fmt.Errorf("store: iterate queue meta: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		topic, qid, rest, err := parseQueueKey(it.Key())
+		if err != nil || len(rest) != 0 {
+			_ = it.Close()
+			return errCorruptKey(it.Key())
+		}
+		val, err := it.ValueAndErr()
+		if err != nil || len(val) != 16 {
+			_ = it.Close()
+			return fmt.Errorf("%w: queue meta for %s/%d", ErrCorrupt, topic, qid)
+		}
+		st := get(queueKey{topic, qid})
+		st.metaNext = int64(binary.BigEndian.Uint64(val))
+		st.metaMin = int64(binary.BigEndian.Uint64(val[8:]))
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: iterate queue meta: %w", err)
+	}
+
+	// Skip-scan the message keys: two seeks per queue.
+	it, err = s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixMessage}, UpperBound: []byte{prefixMessage + 1}})
+	if err != nil {
+		return fmt.Errorf("store: iterate messages: %w", err)
+	}
+	for ok := it.First(); ok; {
+		topic, qid, rest, err := parseQueueKey(it.Key())
+		if err != nil || len(rest) != 8 {
+			_ = it.Close()
+			return errCorruptKey(it.Key())
+		}
+		st := get(queueKey{topic, qid})
+		st.hasData = true
+		st.first = msgKeyOffset(it.Key())
+		end := prefixEnd(appendQueuePrefix(nil, prefixMessage, topic, qid))
+		if !it.SeekLT(end) {
+			_ = it.Close()
+			return fmt.Errorf("store: iterate messages: %w", errors.Join(ErrCorrupt, it.Error()))
+		}
+		st.last = msgKeyOffset(it.Key())
+		ok = it.SeekGE(end)
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: iterate messages: %w", err)
+	}
+
+	for k, st := range states {
+		next := st.metaNext
+		minOff := st.metaMin
+		if st.hasData {
+			if st.last+1 > next {
+				s.log.Warn("store: queue meta behind data; using data", "topic", k.topic, "queue", k.id,
+					"meta", next, "data", st.last+1)
+				next = st.last + 1
+			}
+			minOff = st.first
+		} else {
+			minOff = next
+		}
+		q := newQueue(k.topic, k.id)
+		q.next = next
+		q.max.Store(next)
+		q.min.Store(minOff)
+		s.qmu.m[k] = q
+	}
+	return nil
+}
+
+func (s *Store) recoverPhys() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixPhys}, UpperBound: []byte{prefixPhys + 1}})
+	if err != nil {
+		return fmt.Errorf("store: iterate physical index: %w", err)
+	}
+	defer it.Close()
+	if !it.Last() {
+		return it.Error()
+	}
+	k := it.Key()
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return fmt.Errorf("store: read physical index: %w", err)
+	}
+	if len(k) != 9 || len(v) < physValueFixed {
+		return fmt.Errorf("%w: physical index entry", ErrCorrupt)
+	}
+	end := int64(binary.BigEndian.Uint64(k[1:])) + int64(binary.BigEndian.Uint32(v))
+	if end > s.physNext {
+		s.log.Warn("store: physical counter behind index; using index", "meta", s.physNext, "index", end)
+		s.physNext = end
+	}
+	return nil
+}
+
+func newQueue(topic string, id int32) *queue {
+	return &queue{topic: topic, id: id, metaKey: appendQueuePrefix(nil, prefixQueue, topic, id)}
+}
+
+// acquire registers an in-flight call; it fails after Close started.
+func (s *Store) acquire() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return ErrClosed
+	}
+	s.mu.active++
+	return nil
+}
+
+func (s *Store) release() {
+	s.mu.Lock()
+	s.mu.active--
+	if s.mu.active == 0 && s.mu.closed {
+		s.mu.idle.Broadcast()
+	}
+	s.mu.Unlock()
+}
+
+// Close stops accepting calls, waits for in-flight calls, joins the
+// committer and syncer goroutines, fsyncs the WAL (making consumer offsets
+// and ASYNC-mode messages durable) and closes Pebble. Puts waiting to be
+// collected fail with ErrClosed. Close is idempotent: later calls return nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.closed = true
+	for s.mu.active > 0 {
+		s.mu.idle.Wait()
+	}
+	s.mu.Unlock()
+	close(s.quit)
+	s.wg.Wait()
+	err := s.db.LogData(nil, pebble.Sync)
+	if err != nil {
+		err = fmt.Errorf("store: final sync: %w", err)
+	}
+	if cerr := s.db.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("store: close pebble: %w", cerr))
+	}
+	return err
+}
+
+// Syncs returns how many WAL fsyncs the store requested for message writes
+// (one per committed round in SYNC mode, one per background sync in ASYNC
+// mode). Safe for concurrent use; for tests and metrics.
+func (s *Store) Syncs() int64 { return s.syncs.Load() }
+
+// lookupQueue returns the queue or nil.
+func (s *Store) lookupQueue(topic string, id int32) *queue {
+	s.qmu.RLock()
+	q := s.qmu.m[queueKey{topic, id}]
+	s.qmu.RUnlock()
+	return q
+}
+
+// runSyncer fsyncs the WAL periodically in ASYNC mode.
+func (s *Store) runSyncer() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-t.C:
+			if !s.dirty.Swap(false) {
+				continue
+			}
+			if err := s.db.LogData(nil, pebble.Sync); err != nil {
+				s.setFailed(fmt.Errorf("store: background sync: %w", err))
+				return
+			}
+			s.syncs.Add(1)
+		}
+	}
+}
+
+// failure is a sticky write failure.
+type failure struct{ err error }
+
+// setFailed records a sticky write failure; the first one wins.
+func (s *Store) setFailed(err error) {
+	if s.failure.CompareAndSwap(nil, &failure{err}) {
+		s.log.Error("store: write failed; store refuses further writes", "err", err)
+	}
+}
+
+// failedErr returns the sticky failure, if any, wrapped in ErrFailed.
+func (s *Store) failedErr() error {
+	if f := s.failure.Load(); f != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, f.err)
+	}
+	return nil
+}
+
+// pebbleLogger adapts slog to Pebble's logger.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	if p.l.Enabled(context.Background(), slog.LevelDebug) {
+		p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+// Fatalf must not return (Pebble's contract); Pebble calls it only on
+// unrecoverable internal errors.
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	err := fmt.Errorf("store: pebble fatal: "+format, args...)
+	p.l.Error(err.Error(), "component", "pebble")
+	panic(err)
+}
