@@ -1,0 +1,85 @@
+package broker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// BenchmarkBrokerSend measures SEND_MESSAGE round trips over real TCP into
+// a real Pebble store, from many goroutines spread over several
+// connections. Allocations include the client side of the round trip.
+func BenchmarkBrokerSend(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		m    FlushMode
+	}{{"sync", FlushSync}, {"async", FlushAsync}} {
+		for _, size := range []int{128, 1024} {
+			b.Run(mode.name+"/"+itoa(size)+"B", func(b *testing.B) {
+				br := startBroker(b, WithFlushMode(mode.m))
+				const nConns = 4
+				conns := make([]*remoting.Conn, nConns)
+				for i := range conns {
+					conns[i] = dial(b, br.Addr())
+				}
+				body := make([]byte, size)
+				p := props("TAGS", "TagA")
+				send(b, conns[0], "BenchSend", 0, body, p) // create the topic
+				var next atomic.Int64
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				b.SetParallelism(16)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					c := conns[next.Add(1)%nConns]
+					ctx := context.Background()
+					for pb.Next() {
+						resp, err := c.Invoke(ctx, sendReq("BenchSend", -1, body, p))
+						if err != nil || resp.Code != protocol.ResSuccess {
+							b.Errorf("send: %v %v", err, resp)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			})
+		}
+	}
+}
+
+// BenchmarkBrokerPull measures PULL_MESSAGE round trips returning 32
+// messages of 128 bytes each from a pre-filled queue.
+func BenchmarkBrokerPull(b *testing.B) {
+	br := startBroker(b, WithFlushMode(FlushAsync))
+	c := dial(b, br.Addr())
+	const total, batch = 4096, 32
+	body := make([]byte, 128)
+	var items []byte
+	for range batch {
+		items, _ = protocol.AppendBatchItem(items, 0, body, props("TAGS", "TagA"))
+	}
+	for range total / batch {
+		req := protocol.NewRequest(protocol.ReqSendBatchMessage)
+		(&protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: "BenchPull", DefaultTopic: topicDefault,
+			DefaultTopicQueueNums: 1, QueueID: 0, BornTimestamp: time.Now().UnixMilli(), Batch: protocol.Some(true)}).Encode(req)
+		req.Body = items
+		if resp := invoke(b, c, req); resp.Code != protocol.ResSuccess {
+			b.Fatalf("fill: %d %s", resp.Code, resp.Remark)
+		}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		off := int64(i*batch) % total
+		resp, err := c.Invoke(ctx, pullRequest(pullArgs{topic: "BenchPull", offset: off, max: batch}))
+		if err != nil || resp.Code != protocol.ResSuccess {
+			b.Fatalf("pull: %v %v", err, resp)
+		}
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+}

@@ -1,0 +1,245 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// Defaults of the options below.
+const (
+	// DefaultListenAddr is RocketMQ's broker port on the loopback interface.
+	DefaultListenAddr = "127.0.0.1:10911"
+	// DefaultBrokerName is the broker name when none is given.
+	DefaultBrokerName = "broker-a"
+	// DefaultClusterName is the cluster name when none is given.
+	DefaultClusterName = "DefaultCluster"
+	// DefaultTopicQueueNums is the queue count of TBW102 and the cap of the
+	// queue count of auto-created topics (Java defaultTopicQueueNums).
+	DefaultTopicQueueNums = 8
+	// DefaultMaxMessageSize bounds a message body (Java maxMessageSize).
+	DefaultMaxMessageSize = 4 << 20
+	// DefaultMaxSuspend caps how long a pull is parked, below the 30 s
+	// client timeout of the Go and Java clients.
+	DefaultMaxSuspend = 25 * time.Second
+	// DefaultMaxParkedPulls bounds the pulls parked at once.
+	DefaultMaxParkedPulls = 16384
+	// DefaultPullMaxMsgs and DefaultPullMaxBytes cap one pull response
+	// (Java maxTransferCountOnMessageInMemory / maxTransferBytesOnMessageInMemory).
+	DefaultPullMaxMsgs  = 32
+	DefaultPullMaxBytes = 256 << 10
+	// DefaultRegisterInterval is the period of the full REGISTER_BROKER to
+	// every name server (Java registerNameServerPeriod).
+	DefaultRegisterInterval = 30 * time.Second
+	// MaxQueueNums bounds the queue count of one topic.
+	MaxQueueNums = 1024
+)
+
+// FlushMode selects when a send is answered relative to fsync.
+type FlushMode int
+
+const (
+	// FlushSync (default) answers a send after the message was fsynced;
+	// concurrent sends share one fsync (group commit).
+	FlushSync FlushMode = iota
+	// FlushAsync answers once the message is readable; the store fsyncs in
+	// the background. A machine crash can lose the last few hundred
+	// milliseconds of acknowledged messages.
+	FlushAsync
+)
+
+// Option configures New. Options are applied in order.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config is the validated configuration of a Broker.
+type config struct {
+	listenAddr       string
+	advertised       string
+	dataDir          string
+	nameServers      []string
+	brokerName       string
+	clusterName      string
+	flushMode        FlushMode
+	autoCreateTopics bool
+	autoCreateGroups bool
+	topicQueueNums   int
+	logger           *slog.Logger
+	clock            func() time.Time
+	maxMessageSize   int
+	maxSuspend       time.Duration
+	maxParked        int
+	pullMaxMsgs      int
+	pullMaxBytes     int
+	registerInterval time.Duration
+	remotingOpts     []remoting.ServerOption
+}
+
+func defaultConfig() config {
+	return config{
+		listenAddr:       DefaultListenAddr,
+		brokerName:       DefaultBrokerName,
+		clusterName:      DefaultClusterName,
+		flushMode:        FlushSync,
+		autoCreateTopics: true,
+		autoCreateGroups: true,
+		topicQueueNums:   DefaultTopicQueueNums,
+		clock:            time.Now,
+		maxMessageSize:   DefaultMaxMessageSize,
+		maxSuspend:       DefaultMaxSuspend,
+		maxParked:        DefaultMaxParkedPulls,
+		pullMaxMsgs:      DefaultPullMaxMsgs,
+		pullMaxBytes:     DefaultPullMaxBytes,
+		registerInterval: DefaultRegisterInterval,
+	}
+}
+
+// ErrInvalidOption is wrapped by New's errors for a bad option.
+var ErrInvalidOption = errors.New("broker: invalid option")
+
+func (c *config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.dataDir == "":
+		return bad("data dir is required")
+	case c.flushMode != FlushSync && c.flushMode != FlushAsync:
+		return bad("flush mode %d", c.flushMode)
+	case validateName(c.brokerName, maxTopicLen) != nil:
+		return bad("broker name %q", c.brokerName)
+	case validateName(c.clusterName, maxTopicLen) != nil:
+		return bad("cluster name %q", c.clusterName)
+	case c.topicQueueNums < 1 || c.topicQueueNums > MaxQueueNums:
+		return bad("default topic queue nums %d outside [1, %d]", c.topicQueueNums, MaxQueueNums)
+	case c.maxMessageSize < 1 || c.maxMessageSize > 64<<20:
+		return bad("max message size %d outside [1, 64 MiB]", c.maxMessageSize)
+	case c.maxSuspend < 0 || c.maxSuspend >= 30*time.Second:
+		return bad("max suspend %v outside [0, 30s)", c.maxSuspend)
+	case c.maxParked < 0:
+		return bad("max parked pulls %d", c.maxParked)
+	case c.pullMaxMsgs < 1 || c.pullMaxMsgs > 1<<16:
+		return bad("pull max messages %d", c.pullMaxMsgs)
+	case c.pullMaxBytes < 1 || c.pullMaxBytes > 128<<20:
+		return bad("pull max bytes %d", c.pullMaxBytes)
+	case c.registerInterval < 100*time.Millisecond:
+		return bad("register interval %v below 100ms", c.registerInterval)
+	case c.clock == nil:
+		return bad("nil clock")
+	}
+	if _, _, err := net.SplitHostPort(c.listenAddr); err != nil {
+		return bad("listen address %q: %v", c.listenAddr, err)
+	}
+	if c.advertised != "" {
+		if _, err := netip.ParseAddrPort(c.advertised); err != nil {
+			return bad("advertised address %q must be ip:port: %v", c.advertised, err)
+		}
+	}
+	for _, ns := range c.nameServers {
+		if _, _, err := net.SplitHostPort(ns); err != nil {
+			return bad("name server address %q: %v", ns, err)
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// WithListenAddr sets the address to listen on ("host:port"; port 0 picks a
+// free port, see Broker.Addr). Default DefaultListenAddr.
+func WithListenAddr(addr string) Option { return optionFunc(func(c *config) { c.listenAddr = addr }) }
+
+// WithAdvertisedAddr sets the "ip:port" clients are told to use: the
+// brokerAddr registered with name servers and the store host inside
+// message ids. Default: the address actually bound (an unspecified IP is
+// replaced by a non-loopback IPv4 address of this host, or 127.0.0.1).
+func WithAdvertisedAddr(addr string) Option {
+	return optionFunc(func(c *config) { c.advertised = addr })
+}
+
+// WithDataDir sets the directory of the message store. Required.
+func WithDataDir(dir string) Option { return optionFunc(func(c *config) { c.dataDir = dir }) }
+
+// WithNameServers sets the name servers to register with ("host:port"
+// each). None (the default) means the broker registers nowhere.
+func WithNameServers(addrs ...string) Option {
+	return optionFunc(func(c *config) { c.nameServers = append([]string(nil), addrs...) })
+}
+
+// WithBrokerName sets the broker name (default DefaultBrokerName).
+func WithBrokerName(name string) Option { return optionFunc(func(c *config) { c.brokerName = name }) }
+
+// WithClusterName sets the cluster name (default DefaultClusterName).
+func WithClusterName(name string) Option {
+	return optionFunc(func(c *config) { c.clusterName = name })
+}
+
+// WithFlushMode selects FlushSync (default) or FlushAsync.
+func WithFlushMode(m FlushMode) Option { return optionFunc(func(c *config) { c.flushMode = m }) }
+
+// WithAutoCreateTopics enables (default) or disables creating unknown
+// topics on send from an inheritable default topic (TBW102). When disabled,
+// TBW102 is not created at all.
+func WithAutoCreateTopics(on bool) Option {
+	return optionFunc(func(c *config) { c.autoCreateTopics = on })
+}
+
+// WithAutoCreateGroups enables (default) or disables creating unknown
+// subscription groups on first use.
+func WithAutoCreateGroups(on bool) Option {
+	return optionFunc(func(c *config) { c.autoCreateGroups = on })
+}
+
+// WithDefaultTopicQueueNums sets the queue count of TBW102, which caps the
+// queue count of auto-created topics (default 8).
+func WithDefaultTopicQueueNums(n int) Option {
+	return optionFunc(func(c *config) { c.topicQueueNums = n })
+}
+
+// WithLogger sets the logger; nil (the default) discards.
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
+
+// WithClock sets the clock for store timestamps and metadata versions
+// (default time.Now); for tests.
+func WithClock(now func() time.Time) Option { return optionFunc(func(c *config) { c.clock = now }) }
+
+// WithMaxMessageSize bounds a message body in bytes (default 4 MiB); larger
+// sends get MESSAGE_ILLEGAL.
+func WithMaxMessageSize(n int) Option { return optionFunc(func(c *config) { c.maxMessageSize = n }) }
+
+// WithLongPolling sets the cap on how long a pull is parked (default 25 s,
+// must stay below the clients' 30 s timeout; 0 disables parking) and the
+// most pulls parked at once (default 16384; a pull beyond it is answered
+// SYSTEM_BUSY at once, which makes clients back off for 3 s instead of
+// spinning).
+func WithLongPolling(maxSuspend time.Duration, maxParked int) Option {
+	return optionFunc(func(c *config) { c.maxSuspend, c.maxParked = maxSuspend, maxParked })
+}
+
+// WithPullLimits caps the messages and bytes of one pull response (default
+// 32 and 256 KiB; the first message is always returned whatever its size).
+func WithPullLimits(maxMsgs, maxBytes int) Option {
+	return optionFunc(func(c *config) { c.pullMaxMsgs, c.pullMaxBytes = maxMsgs, maxBytes })
+}
+
+// WithRegisterInterval sets the period of the full registration with every
+// name server (default 30 s).
+func WithRegisterInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.registerInterval = d })
+}
+
+// WithRemotingOptions passes options to the broker's remoting.Server (frame
+// size, TLS, idle timeout, handler concurrency, …). OnConnect/OnDisconnect
+// are owned by the broker; do not pass them.
+func WithRemotingOptions(opts ...remoting.ServerOption) Option {
+	return optionFunc(func(c *config) { c.remotingOpts = append(c.remotingOpts, opts...) })
+}

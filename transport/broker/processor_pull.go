@@ -1,0 +1,258 @@
+package broker
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// Remarks of pull responses: the store status names of Java's
+// GetMessageStatus (clients ignore them; they help when reading traces).
+const (
+	statusFound           = "FOUND"
+	statusNoMatched       = "NO_MATCHED_MESSAGE"
+	statusNoMessage       = "NO_MESSAGE_IN_QUEUE"
+	statusTooSmall        = "OFFSET_TOO_SMALL"
+	statusOverflowOne     = "OFFSET_OVERFLOW_ONE"
+	statusOverflowBadly   = "OFFSET_OVERFLOW_BADLY"
+	statusFoundNull       = "OFFSET_FOUND_NULL"
+	statusServiceShutdown = "broker is shutting down"
+)
+
+// tagFilter selects messages by tag. Matching compares the stored tags
+// code first (cheap) and then the tag string itself, so neither a hash
+// collision nor the Go client's UTF-8 hash variant can select a wrong
+// message: the codes here are always computed by the broker (Java hash,
+// the one stored) from the subscription's tag strings.
+type tagFilter struct {
+	all   bool
+	tags  []string
+	codes []int64
+}
+
+func newTagFilter(tags []string) tagFilter {
+	if len(tags) == 0 {
+		return tagFilter{all: true}
+	}
+	f := tagFilter{tags: tags, codes: make([]int64, len(tags))}
+	for i, t := range tags {
+		f.codes[i] = protocol.TagsHashCode(t)
+	}
+	return f
+}
+
+func (f *tagFilter) match(rec []byte, code int64) bool {
+	if f.all {
+		return true
+	}
+	if !slices.Contains(f.codes, code) {
+		return false
+	}
+	m, _, err := protocol.DecodeRecord(rec)
+	if err != nil {
+		return false
+	}
+	return slices.Contains(f.tags, m.Tags())
+}
+
+// pullReq is one pull being served; when parked it waits in the longPoll
+// tables (its fields below the line are guarded by longPoll.mu).
+type pullReq struct {
+	rc       *remoting.RequestCtx
+	h        protocol.PullMessageRequestHeader
+	filter   tagFilter
+	maxMsgs  int
+	maxBytes int
+
+	key      queueKey
+	deadline time.Time
+	index    int // position in the deadline heap, -1 when not in it
+}
+
+// queueKey names one queue of a topic.
+type queueKey struct {
+	topic string
+	queue int32
+}
+
+// processPull serves PULL_MESSAGE (11) and LITE_PULL_MESSAGE (361).
+//
+// Checks, in Java's order: header (INVALID_PARAMETER); subscription group
+// exists or is auto-created (SUBSCRIPTION_GROUP_NOT_EXIST) and may consume
+// (NO_PERMISSION); topic exists (TOPIC_NOT_EXIST) and is readable
+// (NO_PERMISSION); 0 <= queueId < readQueueNums (INVALID_PARAMETER); the
+// subscription: from the request with the SUBSCRIPTION flag (TAG only;
+// SQL92 is SYSTEM_ERROR as on a Java broker without property filtering),
+// else the one registered by heartbeat (SUBSCRIPTION_NOT_LATEST when
+// older than the request's), else everything (gotcha 27).
+func (b *Broker) processPull(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	req := rc.Request()
+	p := &pullReq{rc: rc, index: -1}
+	if err := p.h.Decode(req); err != nil {
+		return respond(req, protocol.ResInvalidParameter, err.Error()), nil
+	}
+	if resp := b.checkPull(p); resp != nil {
+		return resp, nil
+	}
+	h := &p.h
+	if h.SysFlag&protocol.PullFlagCommitOffset != 0 && h.CommitOffset >= 0 {
+		if err := b.store.CommitOffset(h.ConsumerGroup, h.Topic, h.QueueID, h.CommitOffset); err != nil {
+			b.log.Warn("broker: commit offset piggybacked on a pull failed", "group", h.ConsumerGroup,
+				"topic", h.Topic, "queue", h.QueueID, "err", err)
+		}
+	}
+	b.pullOnce(p, true)
+	return nil, nil // answered (or parked) by pullOnce
+}
+
+func (b *Broker) checkPull(p *pullReq) *protocol.Command {
+	req, h := p.rc.Request(), &p.h
+	gc, ok := b.groupConfig(h.ConsumerGroup, true)
+	if !ok {
+		return respond(req, protocol.ResSubscriptionGroupNotExist,
+			"subscription group ["+h.ConsumerGroup+"] does not exist")
+	}
+	if !gc.ConsumeEnable {
+		return respond(req, protocol.ResNoPermission, "subscription group no permission, "+h.ConsumerGroup)
+	}
+	tc, ok := b.topics.get(h.Topic)
+	if !ok {
+		return respond(req, protocol.ResTopicNotExist, "topic["+h.Topic+"] not exist, apply first please!")
+	}
+	if !protocol.PermReadable(tc.Perm) {
+		return respond(req, protocol.ResNoPermission, "the topic["+h.Topic+"] pulling message is forbidden")
+	}
+	if h.QueueID < 0 || h.QueueID >= tc.ReadQueueNums {
+		return respond(req, protocol.ResInvalidParameter, "queueId is illegal for topic "+h.Topic)
+	}
+	if h.SysFlag&protocol.PullFlagSubscription != 0 {
+		switch h.ExpressionType {
+		case "", protocol.ExpressionTypeTag:
+			p.filter = newTagFilter(protocol.ParseTagExpression(h.Subscription).Tags)
+		case protocol.ExpressionTypeSQL92:
+			return respond(req, protocol.ResSystemError, "The broker does not support consumer to filter message by SQL92")
+		default:
+			return respond(req, protocol.ResSubscriptionParseFailed, "unknown expression type "+h.ExpressionType)
+		}
+	} else if f := b.ext.subscription; f != nil {
+		if sub, ok := f(h.ConsumerGroup, h.Topic); ok {
+			if sub.SubVersion < h.SubVersion {
+				return respond(req, protocol.ResSubscriptionNotLatest, "the consumer's subscription not latest")
+			}
+			if sub.ClassFilter || sub.ExpressionType == protocol.ExpressionTypeSQL92 {
+				p.filter = tagFilter{all: true}
+			} else {
+				p.filter = newTagFilter(sub.Tags)
+			}
+		} else {
+			p.filter = tagFilter{all: true}
+		}
+	} else {
+		p.filter = tagFilter{all: true}
+	}
+	p.maxMsgs = min(max(int(h.MaxMsgNums), 1), b.cfg.pullMaxMsgs)
+	p.maxBytes = b.cfg.pullMaxBytes
+	if v, ok := h.MaxMsgBytes.Get(); ok && v > 0 {
+		p.maxBytes = min(p.maxBytes, int(v))
+	}
+	p.key = queueKey{h.Topic, h.QueueID}
+	return nil
+}
+
+// pullOnce looks the request up in the store and answers it, or parks it
+// when allowed (first processing, SUSPEND flag) and there is nothing new.
+// The offset → status mapping follows protocol §7.5.
+func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
+	h := &p.h
+	minOff, err := b.store.MinOffset(h.Topic, h.QueueID)
+	if err != nil {
+		b.answerPull(p, protocol.ResServiceNotAvailable, statusServiceShutdown, h.QueueOffset, 0, 0, nil)
+		return
+	}
+	maxOff, err := b.store.MaxOffset(h.Topic, h.QueueID)
+	if err != nil {
+		b.answerPull(p, protocol.ResServiceNotAvailable, statusServiceShutdown, h.QueueOffset, 0, 0, nil)
+		return
+	}
+	off := h.QueueOffset
+	switch {
+	case maxOff == 0:
+		if off != 0 {
+			b.answerPull(p, protocol.ResPullOffsetMoved, statusNoMessage, 0, minOff, maxOff, nil)
+			return
+		}
+		b.notFound(p, allowSuspend, statusNoMessage, 0, minOff, maxOff)
+		return
+	case off < minOff:
+		b.answerPull(p, protocol.ResPullOffsetMoved, statusTooSmall, minOff, minOff, maxOff, nil)
+		return
+	case off == maxOff:
+		b.notFound(p, allowSuspend, statusOverflowOne, off, minOff, maxOff)
+		return
+	case off > maxOff:
+		b.answerPull(p, protocol.ResPullOffsetMoved, statusOverflowBadly, maxOff, minOff, maxOff, nil)
+		return
+	}
+	bp := b.getBuf()
+	body := (*bp)[:0]
+	taken := 0
+	next, err := b.store.Get(h.Topic, h.QueueID, off, p.maxMsgs, p.maxBytes, func(rec []byte, code int64) bool {
+		if !p.filter.match(rec, code) {
+			return false
+		}
+		body = append(body, rec...)
+		taken++
+		return true
+	})
+	*bp = body
+	defer b.putBuf(bp)
+	switch {
+	case err != nil:
+		b.log.Error("broker: pull read failed", "topic", h.Topic, "queue", h.QueueID, "offset", off, "err", err)
+		b.answerPull(p, protocol.ResSystemError, "read failed: "+err.Error(), off, minOff, maxOff, nil)
+	case taken > 0:
+		b.answerPull(p, protocol.ResSuccess, statusFound, next, minOff, maxOff, body)
+	case next > off:
+		b.answerPull(p, protocol.ResPullRetryImmediately, statusNoMatched, next, minOff, maxOff, nil)
+	default:
+		b.notFound(p, allowSuspend, statusFoundNull, off, minOff, maxOff)
+	}
+}
+
+// notFound parks p (long polling) when allowed, else answers
+// PULL_NOT_FOUND.
+func (b *Broker) notFound(p *pullReq, allowSuspend bool, status string, next, minOff, maxOff int64) {
+	if allowSuspend && p.h.SysFlag&protocol.PullFlagSuspend != 0 {
+		d := min(time.Duration(p.h.SuspendTimeoutMillis)*time.Millisecond, b.cfg.maxSuspend)
+		if d > 0 {
+			switch b.lp.park(p, d) {
+			case parked:
+				return
+			case parkFull:
+				b.answerPull(p, protocol.ResSystemBusy, "[OVERLOAD]too many parked pulls, try again later", next, minOff, maxOff, nil)
+				return
+			case parkClosed:
+			}
+		}
+	}
+	b.answerPull(p, protocol.ResPullNotFound, status, next, minOff, maxOff, nil)
+}
+
+// answerPull sends the pull response; the body is copied into the frame
+// before answerPull returns.
+func (b *Broker) answerPull(p *pullReq, code int32, remark string, next, minOff, maxOff int64, body []byte) {
+	resp := protocol.NewResponse(p.rc.Request(), code, remark)
+	rh := protocol.PullMessageResponseHeader{
+		SuggestWhichBrokerID: 0,
+		NextBeginOffset:      next,
+		MinOffset:            minOff,
+		MaxOffset:            maxOff,
+	}
+	rh.Encode(resp)
+	resp.Body = body
+	// An error means the connection is gone; there is nobody to tell.
+	_ = p.rc.Respond(resp)
+}

@@ -1,0 +1,302 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// Values a Java broker adds to every send response.
+const (
+	defaultRegion = "DefaultRegion"
+	// maxBatchItems bounds the messages of one batch.
+	maxBatchItems = 1 << 16
+)
+
+// respond builds a response with code and remark.
+func respond(req *protocol.Command, code int32, remark string) *protocol.Command {
+	return protocol.NewResponse(req, code, remark)
+}
+
+// errorResponse answers err: the code and remark of a *protocol.Error, or
+// SYSTEM_ERROR with the error text.
+func errorResponse(req *protocol.Command, err error) *protocol.Command {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return protocol.NewResponse(req, pe.Code, pe.Remark)
+	}
+	return protocol.NewResponse(req, protocol.ResSystemError, err.Error())
+}
+
+func illegal(remark string) error {
+	return &protocol.Error{Code: protocol.ResMessageIllegal, Remark: remark}
+}
+
+// processSend serves SEND_MESSAGE (10), SEND_MESSAGE_V2 (310),
+// SEND_BATCH_MESSAGE (320) and SEND_REPLY_MESSAGE(_V2) (324, 325).
+//
+// Checks, in order: header decodes (INVALID_PARAMETER); broker running
+// (SERVICE_NOT_AVAILABLE); body and properties sizes (MESSAGE_ILLEGAL,
+// checked first so that an illegal message has no side effect such as
+// creating its topic); topic name (INVALID_PARAMETER); system topic
+// (NO_PERMISSION); topic exists or is auto-created from the default topic
+// (TOPIC_NOT_EXIST); topic writable (NO_PERMISSION); queue id below the
+// queue count (INVALID_PARAMETER; negative = random writable queue); then
+// batch or transaction specifics and the beforeStore hook.
+func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	req := rc.Request()
+	var h protocol.SendMessageRequestHeader
+	var err error
+	switch req.Code {
+	case protocol.ReqSendMessage, protocol.ReqSendReplyMessage:
+		err = h.Decode(req)
+	default:
+		var v2 protocol.SendMessageRequestHeaderV2
+		err = v2.Decode(req)
+		h = v2.ToV1()
+	}
+	if err != nil {
+		return respond(req, protocol.ResInvalidParameter, err.Error()), nil
+	}
+	if !b.running() {
+		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
+	}
+	batch := h.Batch.Or(false)
+	if len(req.Body) > b.cfg.maxMessageSize {
+		return respond(req, protocol.ResMessageIllegal, "message body size "+strconv.Itoa(len(req.Body))+
+			" exceeds the maximum "+strconv.Itoa(b.cfg.maxMessageSize)), nil
+	}
+	if len(h.Properties) > protocol.MaxPropertiesLength {
+		return respond(req, protocol.ResMessageIllegal, "message properties length "+strconv.Itoa(len(h.Properties))+
+			" exceeds 32767"), nil
+	}
+	var items []batchItem
+	if batch {
+		if items, err = b.decodeBatch(h.Topic, req.Body); err != nil {
+			return errorResponse(req, err), nil
+		}
+	}
+	tc, queueID, err := b.checkSendTarget(&h)
+	if err != nil {
+		return errorResponse(req, err), nil
+	}
+	tmpl := InboundMessage{
+		Topic:             h.Topic,
+		QueueID:           queueID,
+		Flag:              h.Flag,
+		Body:              req.Body,
+		Properties:        h.Properties,
+		SysFlag:           h.SysFlag,
+		BornTimestamp:     h.BornTimestamp,
+		BornHost:          peerAddr(rc.RemoteAddr()),
+		ReconsumeTimes:    h.ReconsumeTimes.Or(0),
+		MaxReconsumeTimes: h.MaxReconsumeTimes.Or(-1),
+		ProducerGroup:     h.ProducerGroup,
+		Code:              req.Code,
+		ClientVersion:     req.Version,
+		Conn:              rc.Conn(),
+	}
+	if tc.TopicFilterType == protocol.TopicFilterMultiTag {
+		tmpl.SysFlag |= protocol.SysFlagMultiTags
+	}
+	if batch {
+		return b.sendBatch(ctx, req, &tmpl, items)
+	}
+	return b.sendOne(ctx, req, &tmpl)
+}
+
+// checkSendTarget validates the topic and queue of a send, auto-creating
+// the topic when allowed, and picks a queue for a negative queue id.
+func (b *Broker) checkSendTarget(h *protocol.SendMessageRequestHeader) (TopicConfig, int32, error) {
+	if err := validateTopic(h.Topic); err != nil {
+		return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResInvalidParameter, Remark: err.Error()}
+	}
+	if notSendable(h.Topic) {
+		return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResNoPermission,
+			Remark: "sending message to topic[" + h.Topic + "] is forbidden"}
+	}
+	tc, ok := b.topics.get(h.Topic)
+	if !ok {
+		var err error
+		tc, ok, err = b.autoCreateTopic(h.Topic, h.DefaultTopic, h.DefaultTopicQueueNums)
+		if err != nil {
+			return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResSystemError, Remark: err.Error()}
+		}
+		if !ok {
+			return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResTopicNotExist,
+				Remark: "topic[" + h.Topic + "] not exist, apply first please!"}
+		}
+	}
+	if !protocol.PermWritable(tc.Perm) {
+		return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResNoPermission,
+			Remark: "the topic[" + h.Topic + "] sending message is forbidden"}
+	}
+	qid := h.QueueID
+	if n := queueCount(tc); qid >= n {
+		return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResInvalidParameter,
+			Remark: "queueId " + strconv.Itoa(int(qid)) + " is illegal, topic " + h.Topic + " has " + strconv.Itoa(int(n)) + " queues"}
+	}
+	if qid < 0 {
+		if tc.WriteQueueNums < 1 {
+			return TopicConfig{}, 0, &protocol.Error{Code: protocol.ResNoPermission,
+				Remark: "the topic[" + h.Topic + "] has no writable queue"}
+		}
+		qid = rand.Int32N(tc.WriteQueueNums)
+	}
+	return tc, qid, nil
+}
+
+// decodeBatch decodes and checks a batch body (protocol §4.4).
+func (b *Broker) decodeBatch(topic string, body []byte) ([]batchItem, error) {
+	if strings.HasPrefix(topic, retryPrefix) {
+		return nil, illegal("batch messages cannot be sent to retry topic " + topic)
+	}
+	if len(topic) > maxTopicLen {
+		return nil, illegal("batch topic is longer than 127 bytes")
+	}
+	if len(body) == 0 {
+		return nil, illegal("empty batch")
+	}
+	items := make([]batchItem, 0, 8)
+	err := protocol.DecodeBatch(body, maxBatchItems, func(flag int32, body []byte, props string) error {
+		if len(props) > protocol.MaxPropertiesLength {
+			return illegal("batch item properties longer than 32767")
+		}
+		items = append(items, batchItem{flag: flag, body: body, props: props})
+		return nil
+	})
+	if err != nil {
+		var pe *protocol.Error
+		if errors.As(err, &pe) {
+			return nil, err
+		}
+		return nil, illegal(err.Error())
+	}
+	return items, nil
+}
+
+// isTransactional reports a transactional half message.
+func isTransactional(sysFlag int32, props string) bool {
+	if protocol.TransactionType(sysFlag) == protocol.SysFlagTransactionPrepared {
+		return true
+	}
+	v, _ := protocol.PropertyValue(props, protocol.PropTransactionPrepared)
+	return v == "true"
+}
+
+func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundMessage) (*protocol.Command, error) {
+	if isTransactional(m.SysFlag, m.Properties) {
+		return respond(req, protocol.ResNoPermission, "transactions not supported yet"), nil
+	}
+	props, uniq := b.completeProperties(m.Properties)
+	if len(props) > protocol.MaxPropertiesLength {
+		return respond(req, protocol.ResMessageIllegal, "message properties longer than 32767 after the broker's additions"), nil
+	}
+	m.Properties = props
+	if d, ok := protocol.PropertyValue(props, protocol.PropDelayLevel); ok {
+		if v, err := strconv.ParseInt(d, 10, 32); err == nil {
+			m.DelayLevel = int32(v)
+		}
+	}
+	if f := b.ext.beforeStore; f != nil {
+		if err := f(ctx, m); err != nil {
+			return errorResponse(req, err), nil
+		}
+		if m.QueueID < 0 {
+			return respond(req, protocol.ResSystemError, "negative queue id after rewrite"), nil
+		}
+	}
+	res, err := b.storeOne(ctx, m)
+	if err != nil {
+		return errorResponse(req, err), nil
+	}
+	if f := b.ext.afterStore; f != nil {
+		f(ctx, m, res)
+	}
+	resp := protocol.NewResponse(req, protocol.ResSuccess, "")
+	rh := protocol.SendMessageResponseHeader{
+		MsgID:         res.MsgID,
+		QueueID:       m.QueueID,
+		QueueOffset:   res.QueueOffset,
+		TransactionID: uniq,
+		MsgRegion:     defaultRegion,
+		TraceOn:       protocol.Some(true),
+	}
+	if u, ok := m.Property(protocol.PropUniqKey); ok {
+		rh.TransactionID = u
+	}
+	rh.Encode(resp)
+	return resp, nil
+}
+
+func (b *Broker) sendBatch(ctx context.Context, req *protocol.Command, tmpl *InboundMessage, items []batchItem) (*protocol.Command, error) {
+	if isTransactional(tmpl.SysFlag, tmpl.Properties) {
+		return respond(req, protocol.ResMessageIllegal, "batch messages cannot be transactional"), nil
+	}
+	res, err := b.storeBatch(ctx, tmpl, items)
+	if err != nil {
+		return errorResponse(req, err), nil
+	}
+	var sb strings.Builder
+	sb.Grow(len(res) * (protocol.OffsetMsgIDLenV6 + 1))
+	var idBuf [protocol.OffsetMsgIDLenV6]byte
+	for i, r := range res {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.Write(protocol.AppendOffsetMsgID(idBuf[:0], b.host, r.PhysicalOffset))
+	}
+	resp := protocol.NewResponse(req, protocol.ResSuccess, "")
+	rh := protocol.SendMessageResponseHeader{
+		MsgID:       sb.String(),
+		QueueID:     tmpl.QueueID,
+		QueueOffset: res[0].QueueOffset,
+		MsgRegion:   defaultRegion,
+		TraceOn:     protocol.Some(true),
+	}
+	rh.Encode(resp)
+	return resp, nil
+}
+
+// completeProperties adds UNIQ_KEY when missing and sets CLUSTER, as a
+// Java broker does for every non-batch message. It returns the properties
+// and the UNIQ_KEY. One allocation when something is added.
+func (b *Broker) completeProperties(props string) (string, string) {
+	uniq, hasUniq := protocol.PropertyValue(props, protocol.PropUniqKey)
+	cluster, hasCluster := protocol.PropertyValue(props, protocol.PropCluster)
+	if hasUniq && hasCluster && cluster == b.cfg.clusterName {
+		return props, uniq
+	}
+	bp := b.getBuf()
+	defer b.putBuf(bp)
+	buf := (*bp)[:0]
+	if hasCluster {
+		buf = protocol.AppendPropertiesExcept(buf, props, protocol.PropCluster)
+	} else {
+		buf = append(buf, props...)
+		if len(buf) > 0 && buf[len(buf)-1] != protocol.PropSeparator {
+			buf = append(buf, protocol.PropSeparator)
+		}
+	}
+	uStart, uEnd := -1, -1
+	if !hasUniq {
+		buf = append(buf, protocol.PropUniqKey...)
+		buf = append(buf, protocol.PropNameValueSeparator)
+		uStart = len(buf)
+		buf = b.uniq.AppendNext(buf)
+		uEnd = len(buf)
+		buf = append(buf, protocol.PropSeparator)
+	}
+	buf = protocol.AppendProperty(buf, protocol.PropCluster, b.cfg.clusterName)
+	*bp = buf
+	out := string(buf)
+	if uStart >= 0 {
+		uniq = out[uStart:uEnd]
+	}
+	return out, uniq
+}

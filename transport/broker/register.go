@@ -1,0 +1,251 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"runtime/pprof"
+	"sync"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// Timeouts of name server calls.
+const (
+	nsDialTimeout   = 3 * time.Second
+	nsInvokeTimeout = 5 * time.Second
+	nsMaxBackoff    = 10 * time.Second
+)
+
+// registrar keeps one long-lived connection to one name server and
+// registers the broker's full topic table over it: at start, every
+// register interval, right after a topic is created or deleted (signal),
+// and as soon as a lost connection is re-established. A Java name server
+// forgets a broker whose registration connection closes, so the
+// connection is kept open rather than dialled per call.
+type registrar struct {
+	b       *Broker
+	addr    string
+	trigger chan struct{} // capacity 1: coalesced "topics changed"
+	// retrySoon is set before run starts when the first registration
+	// failed, so run retries with backoff rather than after an interval.
+	retrySoon bool
+
+	mu struct {
+		sync.Mutex
+		conn *remoting.Conn
+	}
+}
+
+func newRegistrar(b *Broker, addr string) *registrar {
+	return &registrar{b: b, addr: addr, trigger: make(chan struct{}, 1)}
+}
+
+// signal asks for a registration soon; it never blocks.
+func (r *registrar) signal() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// triggerRegister tells every name server about changed topics.
+func (b *Broker) triggerRegister() {
+	for _, r := range b.regs {
+		r.signal()
+	}
+}
+
+// connDone returns the current connection's Done channel (nil when there
+// is none, which blocks forever in a select).
+func (r *registrar) connDone() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.conn == nil {
+		return nil
+	}
+	return r.mu.conn.Done()
+}
+
+// conn returns the open connection, dialling a new one if needed.
+func (r *registrar) conn(ctx context.Context) (*remoting.Conn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.mu.conn; c != nil {
+		select {
+		case <-c.Done():
+			_ = c.Close() // already closed; joins its goroutines
+			r.mu.conn = nil
+		default:
+			return c, nil
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, nsDialTimeout)
+	defer cancel()
+	c, err := remoting.Dial(dctx, r.addr, remoting.WithLogger(r.b.log))
+	if err != nil {
+		return nil, err
+	}
+	r.mu.conn = c
+	return c, nil
+}
+
+// closeConn closes the connection, if any.
+func (r *registrar) closeConn() {
+	r.mu.Lock()
+	c := r.mu.conn
+	r.mu.conn = nil
+	r.mu.Unlock()
+	if c != nil {
+		_ = c.Close() // nothing to report: we are done with it
+	}
+}
+
+// registerOnce sends one full REGISTER_BROKER and checks the answer.
+func (r *registrar) registerOnce(ctx context.Context) error {
+	c, err := r.conn(ctx)
+	if err != nil {
+		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
+	}
+	req, err := r.b.registerRequest()
+	if err != nil {
+		return err
+	}
+	ictx, cancel := context.WithTimeout(ctx, nsInvokeTimeout)
+	defer cancel()
+	resp, err := c.Invoke(ictx, req)
+	if err != nil {
+		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
+	}
+	if err := protocol.ResponseError(resp); err != nil {
+		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
+	}
+	return nil
+}
+
+// run re-registers until ctx ends: every interval, on signal, and after a
+// lost connection (with a capped exponential backoff after failures).
+func (r *registrar) run(ctx context.Context) {
+	interval := r.b.cfg.registerInterval
+	var backoff time.Duration
+	first := interval
+	if r.retrySoon {
+		backoff = 100 * time.Millisecond
+		first = backoff
+	}
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.trigger:
+		case <-r.connDone():
+		}
+		if err := r.registerOnce(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, 100*time.Millisecond), nsMaxBackoff)
+			r.b.log.Warn("broker: registration failed; will retry", "namesrv", r.addr, "retry_in", backoff, "err", err)
+			r.closeConn()
+			t.Reset(backoff)
+			continue
+		}
+		backoff = 0
+		t.Reset(interval)
+	}
+}
+
+// registerRequest builds a REGISTER_BROKER request with the full topic
+// table (at least the system topics, so never the single-topic first
+// registration a Java name server rejects).
+func (b *Broker) registerRequest() (*protocol.Command, error) {
+	table, version := b.topics.snapshot()
+	body := protocol.RegisterBrokerBody{
+		FilterServerList: []string{},
+		TopicConfigSerializeWrapper: protocol.TopicConfigSerializeWrapper{
+			DataVersion:      version,
+			TopicConfigTable: table,
+		},
+	}
+	enc, err := body.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("broker: encode registration: %w", err)
+	}
+	req := protocol.NewRequest(protocol.ReqRegisterBroker)
+	h := protocol.RegisterBrokerRequestHeader{
+		BrokerName:   b.cfg.brokerName,
+		BrokerAddr:   b.hostStr,
+		ClusterName:  b.cfg.clusterName,
+		HAServerAddr: b.haAddr(),
+		BrokerID:     0,
+		Compressed:   protocol.Some(false),
+		BodyCRC32:    protocol.Some(protocol.BodyCRC(enc)),
+	}
+	h.Encode(req)
+	req.Body = enc
+	return req, nil
+}
+
+// haAddr is the advertised host with the HA port (listen port + 1).
+func (b *Broker) haAddr() string {
+	return netip.AddrPortFrom(b.host.Addr(), b.host.Port()+1).String()
+}
+
+// stopRegistrars stops the registration loops and waits for them.
+func (b *Broker) stopRegistrars() {
+	b.regCancel()
+	b.regWG.Wait()
+}
+
+// closeRegistrarConns closes every name server connection.
+func (b *Broker) closeRegistrarConns() {
+	for _, r := range b.regs {
+		r.closeConn()
+	}
+}
+
+// unregisterAll sends UNREGISTER_BROKER to every name server and closes
+// the connections. Failures are logged, not returned: a name server that
+// does not hear it drops the broker when the connection closes or the
+// registration expires, so shutdown must not fail for it.
+func (b *Broker) unregisterAll(ctx context.Context) {
+	for _, r := range b.regs {
+		if err := r.unregister(ctx); err != nil {
+			b.log.Warn("broker: unregister failed; the name server will expire the broker", "namesrv", r.addr, "err", err)
+		}
+		r.closeConn()
+	}
+}
+
+func (r *registrar) unregister(ctx context.Context) error {
+	c, err := r.conn(ctx)
+	if err != nil {
+		return err
+	}
+	req := protocol.NewRequest(protocol.ReqUnregisterBroker)
+	h := protocol.UnRegisterBrokerRequestHeader{
+		BrokerName: r.b.cfg.brokerName, BrokerAddr: r.b.hostStr, ClusterName: r.b.cfg.clusterName, BrokerID: 0,
+	}
+	h.Encode(req)
+	ictx, cancel := context.WithTimeout(ctx, nsInvokeTimeout)
+	defer cancel()
+	resp, err := c.Invoke(ictx, req)
+	if err != nil {
+		return err
+	}
+	return protocol.ResponseError(resp)
+}
+
+// goRegistrar runs a registrar loop on a goroutine joined by stopRegistrars.
+func (b *Broker) goRegistrar(r *registrar) {
+	b.regWG.Add(1)
+	go pprof.Do(b.regCtx, pprof.Labels("broker", "register", "namesrv", r.addr), func(ctx context.Context) {
+		defer b.regWG.Done()
+		r.run(ctx)
+	})
+}
