@@ -38,10 +38,11 @@ pkgs=$(cd "$root" && grep -rl --include='*_test.go' -e '^func Benchmark' . 2>/de
 	grep -v -e '^\./internal/interop/' -e '^\./\.bench/' -e '/testdata/' |
 	xargs -r -n1 dirname | sort -u)
 : >"$out/root.txt"
+failed="" # a failing benchmark is reported at the end; the tables still print
 if [ -n "$pkgs" ]; then
 	echo "== root module benchmarks:" $pkgs >&2
 	# shellcheck disable=SC2086
-	(cd "$root" && $GO test "${flags[@]}" $pkgs) | tee "$out/root.txt" >&2
+	(cd "$root" && $GO test "${flags[@]}" $pkgs) | tee "$out/root.txt" >&2 || failed="$failed root-module"
 fi
 
 # --- 2. internal/interop with the official codec shim -------------------------
@@ -73,7 +74,7 @@ else
 	echo "WARNING: the official codec shim could not be set up; the impl=official frame rows are skipped" >&2
 fi
 echo "== internal/interop benchmarks" >&2
-(cd "$interop" && $GO test "${shimflags[@]}" "${flags[@]}" .) | tee "$out/interop.txt" >&2
+(cd "$interop" && $GO test "${shimflags[@]}" "${flags[@]}" .) | tee "$out/interop.txt" >&2 || failed="$failed internal/interop"
 
 # --- 3. tables ----------------------------------------------------------------
 cat "$out/root.txt" "$out/interop.txt" >"$out/all.txt"
@@ -87,3 +88,8 @@ echo
 echo "### other benchmarks"
 echo
 benchstat -filter "-$paired" "runnel=$out/all.txt"
+if [ -n "$failed" ]; then
+	echo >&2
+	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2
+	exit 1
+fi
