@@ -148,7 +148,7 @@ func (r *clientRegistry) processHeartbeat(ctx context.Context, rc *remoting.Requ
 				}
 			}
 		}
-		targets := r.registerConsumer(conn, hb.ClientID, req.Language, req.Version, cd)
+		targets := r.registerConsumer(conn, hb.ClientID, req.Language, req.Version, cd, hb.WithoutSub)
 		if notify {
 			r.notify(cd.GroupName, targets)
 		}
@@ -190,10 +190,12 @@ func toSubscription(sd *protocol.SubscriptionData) Subscription {
 	return s
 }
 
-// registerConsumer adds or refreshes conn in group cd.GroupName. When the
-// group's set of channels changed and the group is clustering, it returns
-// the channels to notify (all of the group's channels).
-func (r *clientRegistry) registerConsumer(conn *remoting.ServerConn, clientID string, lang protocol.LanguageCode, version int32, cd *protocol.ConsumerData) []*remoting.ServerConn {
+// registerConsumer adds or refreshes conn in group cd.GroupName and, unless
+// withoutSub (a Java "heartbeat v2" that omits unchanged subscriptions),
+// replaces the group's subscriptions. When the group's set of channels
+// changed and the group is clustering, it returns the channels to notify
+// (all of the group's channels).
+func (r *clientRegistry) registerConsumer(conn *remoting.ServerConn, clientID string, lang protocol.LanguageCode, version int32, cd *protocol.ConsumerData, withoutSub bool) []*remoting.ServerConn {
 	now := r.b.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -216,11 +218,22 @@ func (r *clientRegistry) registerConsumer(conn *remoting.ServerConn, clientID st
 	}
 	ch.language, ch.version, ch.lastSeen = lang, version, now
 
-	// Subscriptions: add new topics, replace those with a newer subVersion,
-	// drop topics no longer declared (Java ConsumerGroupInfo.updateSubscription).
-	seen := make(map[string]struct{}, len(cd.SubscriptionDataSet))
-	for i := range cd.SubscriptionDataSet {
-		sd := &cd.SubscriptionDataSet[i]
+	if !withoutSub {
+		r.updateSubscriptionsLocked(g, cd.SubscriptionDataSet)
+	}
+	if !changed || g.messageModel == protocol.MessageModelBroadcasting {
+		return nil
+	}
+	return channelConns(g.channels)
+}
+
+// updateSubscriptionsLocked adds new topics, replaces those declared with a
+// newer subVersion and drops topics no longer declared (Java
+// ConsumerGroupInfo.updateSubscription).
+func (r *clientRegistry) updateSubscriptionsLocked(g *consumerGroupInfo, subs []protocol.SubscriptionData) {
+	seen := make(map[string]struct{}, len(subs))
+	for i := range subs {
+		sd := &subs[i]
 		if sd.Topic == "" {
 			continue
 		}
@@ -237,10 +250,6 @@ func (r *clientRegistry) registerConsumer(conn *remoting.ServerConn, clientID st
 			delete(g.subData, t)
 		}
 	}
-	if !changed || g.messageModel == protocol.MessageModelBroadcasting {
-		return nil
-	}
-	return channelConns(g.channels)
 }
 
 func (r *clientRegistry) registerProducer(conn *remoting.ServerConn, clientID string, lang protocol.LanguageCode, version int32, group string) {

@@ -300,6 +300,16 @@ func TestBrokerClientsHeartbeatRegisters(t *testing.T) {
 	if _, ok := b.ext.subscription("cg", "%RETRY%cg"); ok {
 		t.Error("subscription dropped from the heartbeat is still registered")
 	}
+	// A Java "heartbeat v2" without subscriptions keeps them.
+	req = protocol.NewRequest(protocol.ReqHeartbeat)
+	req.Body = []byte(`{"clientID":"10.0.0.5@1","heartbeatFingerprint":7,"withoutSub":true,"consumerDataSet":[{"groupName":"cg",` +
+		`"consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","subscriptionDataSet":[]}]}`)
+	if resp := c.invoke(t, req); resp.Code != protocol.ResSuccess {
+		t.Fatalf("heartbeat v2: %d %q", resp.Code, resp.Remark)
+	}
+	if sub, ok := b.ext.subscription("cg", "TopicTest"); !ok || sub.Expression != "TagC" {
+		t.Errorf("after a heartbeat without subscriptions: %+v %v", sub, ok)
+	}
 
 	_, ids := c.consumerList(t, "cg")
 	if !slices.Equal(ids, []string{"10.0.0.5@1"}) {
@@ -487,7 +497,7 @@ func BenchmarkSubscriptionLookup(b *testing.B) {
 	r := newClientRegistry(br, &subsystemConfig{channelExpiry: time.Minute, channelScan: time.Second, housekeepTick: time.Second})
 	cd := protocol.ConsumerData{GroupName: "g", MessageModel: protocol.MessageModelClustering,
 		SubscriptionDataSet: []protocol.SubscriptionData{protocol.NewTagSubscription("T", "a || b", 1)}}
-	r.registerConsumer(nil, "c", protocol.LanguageGo, 317, &cd)
+	r.registerConsumer(nil, "c", protocol.LanguageGo, 317, &cd, false)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
