@@ -143,11 +143,11 @@ type ownershipChecker struct {
 	// revokeWork is how long OnRevoke takes (simulated flushing), which
 	// widens the window in which an unfenced new owner would overlap.
 	revokeWork time.Duration
-	mu     sync.Mutex
-	owner  map[protocol.MessageQueue]string
-	owned  map[string]map[protocol.MessageQueue]bool
-	events []string
-	errs   []string
+	mu         sync.Mutex
+	owner      map[protocol.MessageQueue]string
+	owned      map[string]map[protocol.MessageQueue]bool
+	events     []string
+	errs       []string
 }
 
 func newOwnershipChecker(t *testing.T, strict bool) *ownershipChecker {
