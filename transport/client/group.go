@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -360,7 +361,7 @@ func (g *GroupConsumer) consumerData() protocol.ConsumerData {
 	g.mu.Lock()
 	subs := slices.Collect(maps.Values(g.mu.subs))
 	g.mu.Unlock()
-	slices.SortFunc(subs, func(a, b protocol.SubscriptionData) int { return compareStrings(a.Topic, b.Topic) })
+	slices.SortFunc(subs, func(a, b protocol.SubscriptionData) int { return strings.Compare(a.Topic, b.Topic) })
 	return protocol.ConsumerData{
 		GroupName:           g.group,
 		ConsumeType:         protocol.ConsumeActively,
@@ -368,16 +369,6 @@ func (g *GroupConsumer) consumerData() protocol.ConsumerData {
 		ConsumeFromWhere:    protocol.ConsumeFromLastOffset,
 		SubscriptionDataSet: subs,
 	}
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // topics returns the subscribed topics, sorted.
