@@ -286,6 +286,10 @@ type Client struct {
 	}
 
 	signers sync.Pool // *signer
+
+	// pullFrom remembers, per queue (protocol.MessageQueue), the broker id
+	// (int64) the last pull suggested; absent = master.
+	pullFrom sync.Map
 }
 
 type connSlot struct {

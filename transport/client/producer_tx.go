@@ -1,0 +1,222 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// TxState is a transaction's outcome as a check listener reports it.
+type TxState int
+
+// Transaction states.
+const (
+	// TxUnknown leaves the half message pending: the broker asks again later.
+	TxUnknown TxState = iota
+	// TxCommit makes the half message visible to consumers.
+	TxCommit
+	// TxRollback discards the half message.
+	TxRollback
+)
+
+// WithCheckListener answers the broker's transaction check-backs
+// (CHECK_TRANSACTION_STATE) for this producer's group: fn gets the half
+// message and its answer is sent as END_TRANSACTION with
+// fromTransactionCheck=true (nothing is sent for TxUnknown). fn runs on a
+// connection handler goroutine, one call per check; ctx is cancelled when
+// that connection closes. msg aliases the request and is valid only during
+// the call.
+func WithCheckListener(fn func(ctx context.Context, msg *protocol.MessageExt) TxState) ProducerOption {
+	return producerOptionFunc(func(c *producerConfig) { c.checkListener, c.checkListenSet = fn, true })
+}
+
+// TxHandle identifies a half message so that its transaction can be ended
+// later, possibly by another process: it is plain data, and its JSON form
+// can be stored (in a checkpoint) and restored.
+type TxHandle struct {
+	ProducerGroup string `json:"producerGroup"`
+	Topic         string `json:"topic"`
+	BrokerName    string `json:"brokerName"`
+	BrokerAddr    string `json:"brokerAddr"`
+	// TranStateTableOffset is the half message's offset in the half queue.
+	TranStateTableOffset int64 `json:"tranStateTableOffset"`
+	// CommitLogOffset is the half message's physical offset.
+	CommitLogOffset int64  `json:"commitLogOffset"`
+	MsgID           string `json:"msgId"` // UNIQ_KEY
+	TransactionID   string `json:"transactionId"`
+	OffsetMsgID     string `json:"offsetMsgId"`
+}
+
+// SendHalf sends msg as a transactional half message: the broker stores it
+// without delivering it until EndTransaction commits it (or a check-back
+// answer does). It retries like Send, but only after failures that surely
+// did not store the message; when MaybeApplied(err), an orphan half message
+// may exist and will be checked back.
+func (p *Producer) SendHalf(ctx context.Context, msg *Message) (TxHandle, error) {
+	var ob outbound
+	if err := p.prepare(&ob, []*Message{msg}, true); err != nil {
+		return TxHandle{}, err
+	}
+	defer p.release(&ob)
+	if p.cfg.checkListener != nil {
+		p.announce(ctx, ob.topic)
+	}
+	res, err := p.sendSync(ctx, &ob, true)
+	if err != nil {
+		return TxHandle{}, err
+	}
+	_, phys, err := protocol.ParseOffsetMsgID(res.OffsetMsgID)
+	if err != nil {
+		return TxHandle{}, fmt.Errorf("client: half message stored on %s but its offset id %q is invalid: %w", res.BrokerAddr, res.OffsetMsgID, err)
+	}
+	txID := res.TransactionID
+	if txID == "" {
+		txID = res.MsgID
+	}
+	return TxHandle{
+		ProducerGroup:        p.group,
+		Topic:                msg.Topic,
+		BrokerName:           res.Queue.BrokerName,
+		BrokerAddr:           res.BrokerAddr,
+		TranStateTableOffset: res.QueueOffset,
+		CommitLogOffset:      phys,
+		MsgID:                res.MsgID,
+		TransactionID:        txID,
+		OffsetMsgID:          res.OffsetMsgID,
+	}, nil
+}
+
+// announce sends a heartbeat carrying this producer's group to the
+// masters of topic's route it has not yet told, so that check-backs can
+// reach the producer from its first half message on.
+func (p *Producer) announce(ctx context.Context, topic string) {
+	r, err := p.c.publishRoute(ctx, topic, p.cfg.defQueueNums)
+	if err != nil {
+		return
+	}
+	for _, addr := range r.masters {
+		if _, done := p.hbSent.Load(addr); done {
+			continue
+		}
+		hb := protocol.HeartbeatData{ClientID: p.c.clientID, ProducerDataSet: []protocol.ProducerData{{GroupName: p.group}}}
+		body, err := hb.Encode()
+		if err != nil {
+			return
+		}
+		req := protocol.NewRequest(protocol.ReqHeartbeat)
+		req.Body = body
+		if resp, err := p.c.invoke(ctx, addr, req); err == nil && resp.Code == protocol.ResSuccess {
+			p.hbSent.Store(addr, struct{}{})
+		}
+	}
+}
+
+// EndTransaction commits (commit=true) or rolls back the half message h
+// identifies, and waits for the broker's answer. It goes to the current
+// master of h.BrokerName (h.BrokerAddr when the route does not name one).
+// Ending a transaction twice with the same decision is harmless on Apache
+// RocketMQ brokers (the second finds no pending half message and fails with
+// a SYSTEM_ERROR reply). A broker without transaction support yields an
+// error wrapping ErrTxUnsupported.
+func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	addr := h.BrokerAddr
+	if r, err := p.c.Route(ctx, h.Topic); err == nil {
+		if a, ok := r.MasterAddr(h.BrokerName); ok {
+			addr = a
+		}
+	}
+	if addr == "" {
+		return fmt.Errorf("%w: no address for broker %q", ErrNoRoute, h.BrokerName)
+	}
+	group := h.ProducerGroup
+	if group == "" {
+		group = p.group
+	}
+	typ := protocol.SysFlagTransactionRollback
+	if commit {
+		typ = protocol.SysFlagTransactionCommit
+	}
+	req := protocol.NewRequest(protocol.ReqEndTransaction)
+	eh := protocol.EndTransactionRequestHeader{
+		Topic:                h.Topic,
+		ProducerGroup:        group,
+		TranStateTableOffset: h.TranStateTableOffset,
+		CommitLogOffset:      h.CommitLogOffset,
+		CommitOrRollback:     typ,
+		FromTransactionCheck: protocol.Some(false),
+		MsgID:                h.MsgID,
+		TransactionID:        h.TransactionID,
+		BrokerName:           h.BrokerName,
+	}
+	eh.Encode(req)
+	resp, err := p.c.invoke(ctx, addr, req)
+	if err != nil {
+		return fmt.Errorf("client: end transaction %s: %w", h.MsgID, err)
+	}
+	if err := protocol.ResponseError(resp); err != nil {
+		if errors.Is(err, protocol.ErrRequestCodeNotSupported) {
+			return fmt.Errorf("%w: %s: %w", ErrTxUnsupported, addr, err)
+		}
+		return fmt.Errorf("client: end transaction %s on %s: %w", h.MsgID, addr, err)
+	}
+	return nil
+}
+
+// handleCheck answers CHECK_TRANSACTION_STATE for this producer's group.
+func (p *Producer) handleCheck(ctx context.Context, addr string, req *protocol.Command) *protocol.Command {
+	if p.closed.Load() {
+		return nil
+	}
+	log := p.c.log
+	var h protocol.CheckTransactionStateRequestHeader
+	if err := h.Decode(req); err != nil {
+		log.Warn("client: bad transaction check-back", "addr", addr, "err", err)
+		return nil
+	}
+	m, _, err := protocol.DecodeRecord(req.Body)
+	if err != nil {
+		log.Warn("client: bad transaction check-back message", "addr", addr, "err", err)
+		return nil
+	}
+	if g, _ := m.Property(protocol.PropProducerGroup); g != p.group {
+		return nil // another producer's (or group's) transaction
+	}
+	state := p.cfg.checkListener(ctx, &m)
+	if state != TxCommit && state != TxRollback {
+		return nil
+	}
+	typ := protocol.SysFlagTransactionRollback
+	if state == TxCommit {
+		typ = protocol.SysFlagTransactionCommit
+	}
+	msgID := m.UniqKey()
+	if msgID == "" {
+		msgID = h.MsgID
+	}
+	txID := h.TransactionID
+	if v, ok := m.Property(protocol.PropTransactionID); ok && v != "" {
+		txID = v
+	}
+	end := protocol.NewRequest(protocol.ReqEndTransaction)
+	eh := protocol.EndTransactionRequestHeader{
+		Topic:                m.Topic,
+		ProducerGroup:        p.group,
+		TranStateTableOffset: h.TranStateTableOffset,
+		CommitLogOffset:      h.CommitLogOffset,
+		CommitOrRollback:     typ,
+		FromTransactionCheck: protocol.Some(true),
+		MsgID:                msgID,
+		TransactionID:        txID,
+		BrokerName:           h.BrokerName,
+	}
+	eh.Encode(end)
+	if err := p.c.invokeOneway(ctx, addr, end); err != nil && ctx.Err() == nil {
+		log.Warn("client: answering transaction check-back", "addr", addr, "msgId", msgID, "err", err)
+	}
+	return nil
+}
