@@ -335,7 +335,9 @@ func TestClientHeartbeatAndServerRequests(t *testing.T) {
 	}
 }
 
-func containsBytes(b []byte, s string) bool { return len(s) > 0 && string(b) != "" && bytesIndex(b, s) >= 0 }
+func containsBytes(b []byte, s string) bool {
+	return len(s) > 0 && string(b) != "" && bytesIndex(b, s) >= 0
+}
 
 func bytesIndex(b []byte, s string) int {
 	for i := 0; i+len(s) <= len(b); i++ {
