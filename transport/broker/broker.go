@@ -70,6 +70,10 @@ type extensions struct {
 	// afterStore is told about stored messages of the send path (long-poll
 	// waiters are woken by the core).
 	afterStore func(ctx context.Context, m *InboundMessage, res StoredResult)
+	// producerChannels returns the live connections that heartbeated for a
+	// producer group (transaction check-back picks one); nil func or an
+	// empty result means no producer is online.
+	producerChannels func(group string) []*remoting.ServerConn
 	// onDisconnect is called once per closed client connection, after its
 	// processors returned (an additive extension of the seam: the remoting
 	// server's OnDisconnect belongs to the broker, which fans it out).
@@ -152,6 +156,7 @@ type Broker struct {
 	srv   *remoting.Server
 	ext   extensions
 	lp    *longPoll
+	tx    *transactions
 
 	topics topicTable
 	groups groupTable
@@ -202,6 +207,7 @@ func New(opts ...Option) (*Broker, error) {
 	b.groups.init()
 	b.bufs.New = func() any { s := make([]byte, 0, 4096); return &s }
 	b.lp = newLongPoll(b)
+	b.tx = newTransactions(b)
 	sopts := append([]remoting.ServerOption{
 		remoting.WithLogger(cfg.logger),
 		remoting.WithOnDisconnect(b.onDisconnect),
@@ -304,6 +310,7 @@ func (b *Broker) start(ctx context.Context) error {
 		}
 	})
 	b.goOwned("longpoll", b.lp.run)
+	b.goOwned("txcheck", b.tx.run)
 	for i, f := range b.ext.start {
 		b.goOwned("ext-"+strconv.Itoa(i), f)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(childBrokerEnv); dir != "" {
+		os.Exit(runChildBroker(dir))
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -691,7 +695,13 @@ func TestBrokerValidation(t *testing.T) {
 		{"default not inheritable", withHeader("NewTopic4", func(h *protocol.SendMessageRequestHeader) { h.DefaultTopic = "Existing" }), protocol.ResTopicNotExist, "NewTopic4"},
 		{"queue id too large", sendReq("Existing", 4, []byte("x"), ""), protocol.ResInvalidParameter, "Existing"},
 		{"topic not writable", sendReq("ReadOnly", 0, []byte("x"), ""), protocol.ResNoPermission, "ReadOnly"},
-		{"transaction", withHeader("Existing", func(h *protocol.SendMessageRequestHeader) { h.SysFlag = protocol.SysFlagTransactionPrepared }), protocol.ResNoPermission, "Existing"},
+		{"transactional batch", func() *protocol.Command {
+			req := protocol.NewRequest(protocol.ReqSendBatchMessage)
+			(&protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: "Existing", DefaultTopic: topicDefault,
+				DefaultTopicQueueNums: 4, QueueID: 0, SysFlag: protocol.SysFlagTransactionPrepared, Batch: protocol.Some(true)}).Encode(req)
+			req.Body = item
+			return req
+		}(), protocol.ResMessageIllegal, "Existing"},
 		{"batch to retry topic", batchReq("%RETRY%cg", item), protocol.ResMessageIllegal, "%RETRY%cg"},
 		{"malformed batch", batchReq("Existing", []byte{0, 0, 0, 99, 1}), protocol.ResMessageIllegal, "Existing"},
 		{"missing header field", func() *protocol.Command {

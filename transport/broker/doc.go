@@ -22,8 +22,11 @@
 // 29–33, 12), admin requests (17, 215, 21, 351, 200, 201, 207, 202, 208).
 // UPDATE_BROKER_CONFIG is refused. The client registry, queue locks,
 // retry/DLQ, delay levels, timers and reply push are plugged in through the
-// extensions seam (subsystems.go). Transactional half messages are
-// refused with NO_PERMISSION for now.
+// extensions seam (subsystems.go). Transactional messages (half messages,
+// END_TRANSACTION 37, CHECK_TRANSACTION_STATE 39 check-back, discard to
+// TRANS_CHECK_MAX_TIME_TOPIC) are described in transaction.go; a commit
+// and its op record are stored atomically, so ends are idempotent and
+// survive crashes.
 //
 // # Name servers
 //

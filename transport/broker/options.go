@@ -38,6 +38,16 @@ const (
 	DefaultRegisterInterval = 30 * time.Second
 	// MaxQueueNums bounds the queue count of one topic.
 	MaxQueueNums = 1024
+	// DefaultTransactionCheckInterval is the period of the transaction
+	// check-back scan (Java transactionCheckInterval).
+	DefaultTransactionCheckInterval = 30 * time.Second
+	// DefaultTransactionTimeout is the age a half message must reach
+	// before it is checked back (Java transactionTimeOut).
+	DefaultTransactionTimeout = 6 * time.Second
+	// DefaultTransactionCheckMax is the number of check-backs after which
+	// a half message is discarded to TRANS_CHECK_MAX_TIME_TOPIC (Java
+	// transactionCheckMax).
+	DefaultTransactionCheckMax = 15
 )
 
 // FlushMode selects when a send is answered relative to fsync.
@@ -81,6 +91,15 @@ type config struct {
 	pullMaxBytes     int
 	registerInterval time.Duration
 	remotingOpts     []remoting.ServerOption
+	sub              subsystemConfig
+	tx               txConfig
+}
+
+// txConfig holds the transaction check-back knobs (transaction.go).
+type txConfig struct {
+	checkInterval time.Duration // real-time period of the check-back scan
+	timeout       time.Duration // half messages younger than this (broker clock) are not checked
+	checkMax      int           // check-backs before a half message is discarded
 }
 
 func defaultConfig() config {
@@ -99,6 +118,12 @@ func defaultConfig() config {
 		pullMaxMsgs:      DefaultPullMaxMsgs,
 		pullMaxBytes:     DefaultPullMaxBytes,
 		registerInterval: DefaultRegisterInterval,
+		sub:              defaultSubsystemConfig(),
+		tx: txConfig{
+			checkInterval: DefaultTransactionCheckInterval,
+			timeout:       DefaultTransactionTimeout,
+			checkMax:      DefaultTransactionCheckMax,
+		},
 	}
 }
 
@@ -134,7 +159,28 @@ func (c *config) validate() error {
 		return bad("register interval %v below 100ms", c.registerInterval)
 	case c.clock == nil:
 		return bad("nil clock")
+	case c.sub.channelExpiry <= 0 || c.sub.channelScan <= 0:
+		return bad("client expiry %v / scan %v must be positive", c.sub.channelExpiry, c.sub.channelScan)
+	case c.sub.lockExpiry <= 0:
+		return bad("lock expiry %v must be positive", c.sub.lockExpiry)
+	case c.sub.timerMaxDelay <= 0:
+		return bad("timer max delay %v must be positive", c.sub.timerMaxDelay)
+	case len(c.sub.delayLevels) == 0 || len(c.sub.delayLevels) > scheduleQueueNums:
+		return bad("%d delay levels outside [1, %d]", len(c.sub.delayLevels), scheduleQueueNums)
+	case c.tx.checkInterval < 10*time.Millisecond:
+		return bad("transaction check interval %v below 10ms", c.tx.checkInterval)
+	case c.tx.timeout < 0:
+		return bad("negative transaction timeout %v", c.tx.timeout)
+	case c.tx.checkMax < 1:
+		return bad("transaction check max %d below 1", c.tx.checkMax)
 	}
+	for i, d := range c.sub.delayLevels {
+		if d <= 0 {
+			return bad("delay level %d is %v, must be positive", i+1, d)
+		}
+	}
+	// The housekeeping loop must wake often enough for short expiries.
+	c.sub.housekeepTick = min(c.sub.housekeepTick, c.sub.channelScan, c.sub.lockExpiry)
 	if _, _, err := net.SplitHostPort(c.listenAddr); err != nil {
 		return bad("listen address %q: %v", c.listenAddr, err)
 	}
@@ -242,4 +288,53 @@ func WithRegisterInterval(d time.Duration) Option {
 // are owned by the broker; do not pass them.
 func WithRemotingOptions(opts ...remoting.ServerOption) Option {
 	return optionFunc(func(c *config) { c.remotingOpts = append(c.remotingOpts, opts...) })
+}
+
+// WithDelayLevels sets the delays of message delay levels 1, 2, … (at most
+// 18; default RocketMQ's 1s 5s 10s 30s 1m 2m … 2h). A DELAY above the last
+// level is clamped to it. Delays are measured on the broker's clock. Tests
+// use it to shorten retries (whose delay is level 3 + reconsume times).
+func WithDelayLevels(levels []time.Duration) Option {
+	return optionFunc(func(c *config) { c.sub.delayLevels = append([]time.Duration(nil), levels...) })
+}
+
+// WithClientExpiry sets how long a client channel may stay silent (no
+// heartbeat) before it is removed and closed (default 120 s), and how
+// often channels are checked (default 10 s). Both are on the broker's clock.
+func WithClientExpiry(timeout, scan time.Duration) Option {
+	return optionFunc(func(c *config) { c.sub.channelExpiry, c.sub.channelScan = timeout, scan })
+}
+
+// WithLockExpiry sets the lifetime of a queue lock (LOCK_BATCH_MQ) that is
+// not renewed (default 60 s, on the broker's clock).
+func WithLockExpiry(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.sub.lockExpiry = d })
+}
+
+// WithTimerMaxDelay sets the longest delay a timer message
+// (TIMER_DELAY_SEC, TIMER_DELAY_MS, TIMER_DELIVER_MS) may ask for (default
+// 72 h); longer ones get MESSAGE_ILLEGAL.
+func WithTimerMaxDelay(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.sub.timerMaxDelay = d })
+}
+
+// WithTransactionCheckInterval sets the real-time period of the scan that
+// checks back transactional half messages with their producers (default
+// 30 s, at least 10 ms).
+func WithTransactionCheckInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.tx.checkInterval = d })
+}
+
+// WithTransactionTimeout sets the age (on the broker's clock, from the
+// half message's store time) a half message must reach before it is
+// checked back (default 6 s). A message's CHECK_IMMUNITY_TIME_IN_SECONDS
+// property can only lengthen it.
+func WithTransactionTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.tx.timeout = d })
+}
+
+// WithTransactionCheckMax sets how many check-backs a half message gets
+// before it is discarded to TRANS_CHECK_MAX_TIME_TOPIC (default 15).
+func WithTransactionCheckMax(n int) Option {
+	return optionFunc(func(c *config) { c.tx.checkMax = n })
 }

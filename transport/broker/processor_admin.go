@@ -45,6 +45,7 @@ func (b *Broker) registerProcessors() {
 	h(b.processDeleteGroup, protocol.ReqDeleteSubscriptionGroup)
 	h(b.processTopicStats, protocol.ReqGetTopicStatsInfo)
 	h(b.processConsumeStats, protocol.ReqGetConsumeStats)
+	h(b.tx.processEnd, protocol.ReqEndTransaction)
 	h(func(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 		// Remote config writes are a known remote-code-execution vector
 		// (CVE-2023-33246): refuse them.

@@ -189,10 +189,11 @@ func isTransactional(sysFlag int32, props string) bool {
 	return v == "true"
 }
 
+// sendOne stores one message. A transactional one (TRAN_MSG=true or the
+// prepared sysFlag bits) is stored as a half message (transaction.go). The
+// response names the queue the client chose, also when the message was
+// moved to a schedule, timer or half queue (as Java does).
 func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundMessage) (*protocol.Command, error) {
-	if isTransactional(m.SysFlag, m.Properties) {
-		return respond(req, protocol.ResNoPermission, "transactions not supported yet"), nil
-	}
 	props, uniq := b.completeProperties(m.Properties)
 	if len(props) > protocol.MaxPropertiesLength {
 		return respond(req, protocol.ResMessageIllegal, "message properties longer than 32767 after the broker's additions"), nil
@@ -203,6 +204,18 @@ func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundM
 			m.DelayLevel = int32(v)
 		}
 	}
+	half := isTransactional(m.SysFlag, m.Properties)
+	if half && m.ReconsumeTimes > 0 && m.DelayLevel > 0 {
+		// An old client's send-back of a transactional message: a normal
+		// message (Java's exception).
+		half = false
+		m.SysFlag = protocol.SetTransactionType(m.SysFlag, protocol.SysFlagTransactionNotType)
+	} else if half {
+		// Marked prepared so that the delay logic leaves it alone: a half
+		// message is delayed when it is committed.
+		m.SysFlag = protocol.SetTransactionType(m.SysFlag, protocol.SysFlagTransactionPrepared)
+	}
+	queueID := m.QueueID
 	if f := b.ext.beforeStore; f != nil {
 		if err := f(ctx, m); err != nil {
 			return errorResponse(req, err), nil
@@ -211,17 +224,24 @@ func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundM
 			return respond(req, protocol.ResSystemError, "negative queue id after rewrite"), nil
 		}
 	}
+	if half {
+		if err := toHalf(m, uniq); err != nil {
+			return errorResponse(req, err), nil
+		}
+	}
 	res, err := b.storeOne(ctx, m)
 	if err != nil {
 		return errorResponse(req, err), nil
 	}
-	if f := b.ext.afterStore; f != nil {
+	if half {
+		b.tx.prepared.Add(1)
+	} else if f := b.ext.afterStore; f != nil {
 		f(ctx, m, res)
 	}
 	resp := protocol.NewResponse(req, protocol.ResSuccess, "")
 	rh := protocol.SendMessageResponseHeader{
 		MsgID:         res.MsgID,
-		QueueID:       m.QueueID,
+		QueueID:       queueID,
 		QueueOffset:   res.QueueOffset,
 		TransactionID: uniq,
 		MsgRegion:     defaultRegion,

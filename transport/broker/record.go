@@ -191,3 +191,56 @@ func (b *Broker) storeBatch(ctx context.Context, tmpl *InboundMessage, items []b
 	}
 	return res, nil
 }
+
+// storeAll encodes msgs and stores them with one atomic store Put: all or
+// none, sharing one fsync. Transactions use it to write a final message and
+// its op record together. Like storeInternal it validates nothing and
+// creates no topic.
+func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) ([]StoredResult, error) {
+	if !b.running() {
+		return nil, fmt.Errorf("broker: store: %w", ErrClosed)
+	}
+	bp := b.getBuf()
+	defer b.putBuf(bp)
+	buf := (*bp)[:0]
+	ends := make([]int, len(msgs))
+	tsPos := make([]int, len(msgs))
+	for i, m := range msgs {
+		if m.QueueID < 0 {
+			return nil, fmt.Errorf("broker: store %s: negative queue id %d", m.Topic, m.QueueID)
+		}
+		var err error
+		if buf, tsPos[i], err = b.encodeRecord(buf, m); err != nil {
+			return nil, err
+		}
+		ends[i] = len(buf)
+	}
+	*bp = buf
+	puts := make([]store.PutMessage, len(msgs))
+	start := 0
+	for i, m := range msgs {
+		puts[i] = store.PutMessage{
+			Topic:             m.Topic,
+			QueueID:           m.QueueID,
+			Record:            buf[start:ends[i]:ends[i]],
+			StoreTimestampPos: tsPos[i],
+			TagsCode:          tagsCode(m.Properties),
+			Keys:              appendIndexKeys(nil, m.Properties),
+		}
+		start = ends[i]
+	}
+	res, err := b.store.Put(ctx, puts)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	out := make([]StoredResult, len(res))
+	for i, r := range res {
+		out[i] = StoredResult{
+			QueueOffset:    r.QueueOffset,
+			PhysicalOffset: r.PhysicalOffset,
+			StoreTimestamp: r.StoreTimestamp,
+			MsgID:          protocol.OffsetMsgID(b.host, r.PhysicalOffset),
+		}
+	}
+	return out, nil
+}

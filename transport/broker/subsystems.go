@@ -82,7 +82,7 @@ func newSubsystems(b *Broker, cfg subsystemConfig) *subsystems {
 // newExtensions builds the subsystems the core broker delegates to and
 // plugs them into the seam.
 func newExtensions(b *Broker) extensions {
-	return newSubsystems(b, defaultSubsystemConfig()).extensions()
+	return newSubsystems(b, b.cfg.sub).extensions()
 }
 
 func (s *subsystems) extensions() extensions {
@@ -97,10 +97,11 @@ func (s *subsystems) extensions() extensions {
 			s.clients.runNotifier,
 			s.sched.run,
 		},
-		subscription: s.clients.subscription,
-		beforeStore:  s.beforeStore,
-		afterStore:   s.replies.afterStore,
-		onDisconnect: s.clients.removeConn,
+		subscription:     s.clients.subscription,
+		producerChannels: s.clients.producerChannels,
+		beforeStore:      s.beforeStore,
+		afterStore:       s.replies.afterStore,
+		onDisconnect:     s.clients.removeConn,
 	}
 	for range replyWorkers {
 		ext.start = append(ext.start, s.replies.run)

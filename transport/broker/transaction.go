@@ -1,0 +1,740 @@
+package broker
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/broker/internal/store"
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// Transactional messages (protocol §7.4).
+//
+// # Half messages
+//
+// A send with TRAN_MSG=true or the prepared sysFlag bits is stored in queue
+// 0 of RMQ_SYS_TRANS_HALF_TOPIC with __transactionId__ (= UNIQ_KEY),
+// REAL_TOPIC and REAL_QID added and its transaction bits reset, so no
+// consumer of the real topic sees it. A half message is identified by its
+// queue offset h in the half queue (and its physical offset c).
+//
+// # Op records
+//
+// A half message ends once: committed, rolled back, or discarded after
+// too many check-backs. The end is recorded by an op record: a message in
+// queue 0 of RMQ_SYS_TRANS_OP_HALF_TOPIC (tag "d", body "h,", as Java
+// writes it) indexed under the key "h" and carrying the outcome in
+// propTxState. A commit stores the final message (and a discard the copy in
+// TRANS_CHECK_MAX_TIME_TOPIC) in the SAME atomic store Put as its op record,
+// so after any crash either both exist or neither: a commit is never applied
+// twice and never lost once acknowledged. Every end of one half message is
+// serialised by a per-half lock and looks the op record up first, so a
+// repeated END_TRANSACTION is answered success without storing again.
+//
+// # Check-back
+//
+// Every check interval (real time) the checker scans the half queue from
+// its persisted progress: every half message below the progress is ended.
+// Half messages younger than the transaction timeout (store time, on the
+// broker's clock; CHECK_IMMUNITY_TIME_IN_SECONDS can lengthen it) are left
+// for a later round; since store times never decrease along a queue, the
+// first young message without immunity ends the round. An old enough
+// pending half message that already had checkMax check-backs is discarded;
+// otherwise, if a producer of its PGROUP group is online, its check count
+// (kept per half message in store meta, not by re-appending the half
+// message as Java does) is incremented durably and CHECK_TRANSACTION_STATE
+// is sent oneway to one of the group's channels. With no producer online
+// nothing is counted (a deviation from Java, which counts the attempt): the
+// check is retried next round, so a producer that is down for a while does
+// not lose its transactions. The progress only moves over a contiguous run
+// of ended half messages, so a restart never skips a pending one.
+
+const (
+	// propTxState is the outcome an op record carries.
+	propTxState = "RUNNEL_TX_STATE"
+	// opTag is the tag of op records (Java TransactionalMessageUtil.REMOVE_TAG).
+	opTag = "d"
+	// txBatch is how many half messages a check round reads at once.
+	txBatch = 64
+	// maxEndedCache bounds the in-memory record of recently ended half
+	// messages (beyond it the checker looks op records up in the store).
+	maxEndedCache = 1 << 20
+	// checkSendTimeout bounds the queueing of one CHECK_TRANSACTION_STATE.
+	checkSendTimeout = 3 * time.Second
+)
+
+// Meta keys of the checker's durable state.
+const (
+	metaTxScan   = "tx/scan"    // next half queue offset not known to be ended (int64 BE)
+	metaTxChecks = "tx/checks/" // + half queue offset (uint64 BE) → check-backs sent (int64 BE)
+)
+
+// Java's remarks for END_TRANSACTION requests that do not match their half
+// message (EndTransactionProcessor.checkPrepareMessage).
+const (
+	remarkHalfNotFound  = "Find prepared transaction message failed"
+	remarkWrongGroup    = "The producer group wrong"
+	remarkWrongStateOff = "The transaction state table offset wrong"
+	remarkWrongLogOff   = "The commit log offset wrong"
+)
+
+// txState is the outcome of a half message.
+type txState byte
+
+const (
+	txPending txState = iota
+	txCommitted
+	txRolledBack
+	txDiscarded
+)
+
+func (s txState) String() string {
+	switch s {
+	case txCommitted:
+		return "commit"
+	case txRolledBack:
+		return "rollback"
+	case txDiscarded:
+		return "discard"
+	}
+	return "pending"
+}
+
+func parseTxState(v string) txState {
+	switch v {
+	case "commit":
+		return txCommitted
+	case "rollback":
+		return txRolledBack
+	case "discard":
+		return txDiscarded
+	}
+	return txPending
+}
+
+// TransactionStats counts what the broker did with transactional messages
+// since it started (not persisted; TRANS_CHECK_MAX_TIME_TOPIC durably holds
+// every discarded half message).
+type TransactionStats struct {
+	Prepared   int64 // half messages stored
+	Committed  int64 // half messages committed (repeats not counted)
+	RolledBack int64 // half messages rolled back (repeats not counted)
+	CheckBacks int64 // CHECK_TRANSACTION_STATE requests sent
+	Discarded  int64 // half messages discarded after the max check count
+}
+
+// TransactionStats returns the transaction counters. Safe for concurrent
+// use.
+func (b *Broker) TransactionStats() TransactionStats {
+	t := b.tx
+	return TransactionStats{
+		Prepared:   t.prepared.Load(),
+		Committed:  t.committed.Load(),
+		RolledBack: t.rolledBack.Load(),
+		CheckBacks: t.checkBacks.Load(),
+		Discarded:  t.discarded.Load(),
+	}
+}
+
+// transactions serves END_TRANSACTION and runs the check-back loop. Safe
+// for concurrent use; scanFrom is written only by the run goroutine.
+type transactions struct {
+	b   *Broker
+	log *slog.Logger
+	cfg txConfig
+
+	prepared, committed, rolledBack, checkBacks, discarded atomic.Int64
+
+	// scanFrom is the check progress: every half message below it ended.
+	scanFrom atomic.Int64
+
+	mu struct {
+		sync.Mutex
+		// busy holds the half messages (by physical offset) being ended;
+		// the channel is closed when the holder is done.
+		busy map[int64]chan struct{}
+		// ended caches the outcome of half messages (by queue offset) at
+		// or above scanFrom, so the checker rarely reads op records.
+		ended map[int64]txState
+	}
+}
+
+func newTransactions(b *Broker) *transactions {
+	t := &transactions{b: b, log: b.log, cfg: b.cfg.tx}
+	t.mu.busy = make(map[int64]chan struct{})
+	t.mu.ended = make(map[int64]txState)
+	return t
+}
+
+// ---- send path ----
+
+// toHalf turns m into its half message form: REAL_TOPIC, REAL_QID and
+// __transactionId__ = uniq set, transaction bits reset, topic and queue the
+// half queue. It fails with MESSAGE_ILLEGAL when the properties grow too
+// long.
+func toHalf(m *InboundMessage, uniq string) error {
+	b := make([]byte, 0, len(m.Properties)+len(m.Topic)+len(uniq)+64)
+	b = protocol.AppendPropertiesExcept(b, m.Properties, protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionID)
+	b = protocol.AppendProperty(b, protocol.PropTransactionID, uniq)
+	b = protocol.AppendProperty(b, protocol.PropRealTopic, m.Topic)
+	b = appendIntProperty(b, protocol.PropRealQueueID, int64(m.QueueID))
+	if len(b) > protocol.MaxPropertiesLength {
+		return illegal("message properties longer than 32767 after the half message's additions")
+	}
+	m.Properties = string(b)
+	m.SysFlag = protocol.SetTransactionType(m.SysFlag, protocol.SysFlagTransactionNotType)
+	m.Topic, m.QueueID = topicTransHalf, 0
+	return nil
+}
+
+// ---- END_TRANSACTION ----
+
+// lock waits until no other goroutine ends the half message at physical
+// offset phys and claims it; the returned func releases it.
+func (t *transactions) lock(ctx context.Context, phys int64) (func(), error) {
+	for {
+		t.mu.Lock()
+		ch, held := t.mu.busy[phys]
+		if !held {
+			ch = make(chan struct{})
+			t.mu.busy[phys] = ch
+			t.mu.Unlock()
+			return func() {
+				t.mu.Lock()
+				delete(t.mu.busy, phys)
+				t.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// markEnded caches the outcome of the half message at queue offset off.
+func (t *transactions) markEnded(off int64, st txState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if off >= t.scanFrom.Load() && len(t.mu.ended) < maxEndedCache {
+		t.mu.ended[off] = st
+	}
+}
+
+func opKey(off int64) string { return strconv.FormatInt(off, 10) }
+
+// state returns the outcome of the half message at queue offset off.
+func (t *transactions) state(off int64) (txState, error) {
+	t.mu.Lock()
+	st, ok := t.mu.ended[off]
+	t.mu.Unlock()
+	if ok {
+		return st, nil
+	}
+	recs, err := t.b.store.QueryByKey(topicTransOpHalf, opKey(off), store.MaxQueryNum, 0, math.MaxInt64)
+	if err != nil {
+		return txPending, fmt.Errorf("broker: transaction op record of %d: %w", off, err)
+	}
+	want := opKey(off) + ","
+	for _, rec := range recs {
+		m, _, err := protocol.DecodeRecord(rec)
+		if err != nil || string(m.Body) != want {
+			continue
+		}
+		v, _ := m.Property(propTxState)
+		if st := parseTxState(v); st != txPending {
+			return st, nil
+		}
+	}
+	return txPending, nil
+}
+
+// opRecord builds the op record ending the half message at queue offset
+// off with outcome st.
+func (t *transactions) opRecord(off int64, st txState) *InboundMessage {
+	p := make([]byte, 0, 64)
+	p = protocol.AppendProperty(p, protocol.PropTags, opTag)
+	p = protocol.AppendProperty(p, protocol.PropKeys, opKey(off))
+	p = protocol.AppendProperty(p, propTxState, st.String())
+	return &InboundMessage{
+		Topic:             topicTransOpHalf,
+		Body:              []byte(opKey(off) + ","),
+		Properties:        string(p),
+		BornTimestamp:     t.b.now().UnixMilli(),
+		BornHost:          t.b.host,
+		MaxReconsumeTimes: -1,
+	}
+}
+
+// findHalf returns the half message stored at physical offset phys.
+func (t *transactions) findHalf(phys int64) (protocol.MessageExt, error) {
+	m, _, err := t.b.lookupByPhysicalOffset(phys)
+	if err != nil {
+		return protocol.MessageExt{}, err
+	}
+	if m.Topic != topicTransHalf || m.QueueID != 0 {
+		return protocol.MessageExt{}, fmt.Errorf("broker: physical offset %d is in %s/%d: %w", phys, m.Topic, m.QueueID, store.ErrNotFound)
+	}
+	return m, nil
+}
+
+func sysError(remark string) *protocol.Error {
+	return &protocol.Error{Code: protocol.ResSystemError, Remark: remark}
+}
+
+// processEnd serves END_TRANSACTION (37). commitOrRollback 0 (unknown) or
+// any value other than 8 and 12 gets no response, as from Java.
+func (t *transactions) processEnd(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	req := rc.Request()
+	var h protocol.EndTransactionRequestHeader
+	if err := h.Decode(req); err != nil {
+		return respond(req, protocol.ResInvalidParameter, err.Error()), nil
+	}
+	var want txState
+	switch h.CommitOrRollback {
+	case protocol.SysFlagTransactionCommit:
+		want = txCommitted
+	case protocol.SysFlagTransactionRollback:
+		want = txRolledBack
+	default:
+		t.log.Debug("broker: transaction state unknown; left for check-back", "group", h.ProducerGroup,
+			"msgId", h.MsgID, "fromCheck", h.FromTransactionCheck.Or(false))
+		return nil, nil
+	}
+	if !t.b.running() {
+		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
+	}
+	if err := t.end(ctx, &h, want, rc); err != nil {
+		return errorResponse(req, err), nil
+	}
+	return protocol.NewResponse(req, protocol.ResSuccess, ""), nil
+}
+
+// end commits or rolls back the half message h names.
+func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionRequestHeader, want txState, rc *remoting.RequestCtx) error {
+	unlock, err := t.lock(ctx, h.CommitLogOffset)
+	if err != nil {
+		return &protocol.Error{Code: protocol.ResSystemBusy, Remark: "[REJECTREQUEST]system busy: " + err.Error()}
+	}
+	defer unlock()
+	half, err := t.findHalf(h.CommitLogOffset)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return sysError(remarkHalfNotFound)
+	case err != nil:
+		return err
+	}
+	if pg, ok := half.Property(protocol.PropProducerGroup); !ok || pg != h.ProducerGroup {
+		return sysError(remarkWrongGroup)
+	}
+	if half.QueueOffset != h.TranStateTableOffset {
+		return sysError(remarkWrongStateOff)
+	}
+	if half.CommitLogOffset != h.CommitLogOffset {
+		return sysError(remarkWrongLogOff)
+	}
+	st, err := t.state(half.QueueOffset)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st == want, st == txDiscarded && want == txRolledBack:
+		t.markEnded(half.QueueOffset, st)
+		return nil // repeated end: already done
+	case st != txPending:
+		return &protocol.Error{Code: protocol.ResSystemError,
+			Remark: "the transaction already ended with " + st.String() + ", cannot " + want.String()}
+	}
+	op := t.opRecord(half.QueueOffset, want)
+	if want == txRolledBack {
+		if _, err := t.b.storeAll(ctx, op); err != nil {
+			return err
+		}
+		t.rolledBack.Add(1)
+		t.markEnded(half.QueueOffset, want)
+		return nil
+	}
+	final, err := finalMessage(&half, h.CommitLogOffset)
+	if err != nil {
+		return sysError(err.Error())
+	}
+	if rc != nil {
+		final.Code, final.ClientVersion, final.Conn = rc.Request().Code, rc.Request().Version, rc.Conn()
+	}
+	// The committed message is delayed like any other (DELAY, TIMER_*).
+	if f := t.b.ext.beforeStore; f != nil {
+		if err := f(ctx, final); err != nil {
+			return err
+		}
+	}
+	if _, err := t.b.storeAll(ctx, final, op); err != nil {
+		return err
+	}
+	t.committed.Add(1)
+	t.markEnded(half.QueueOffset, want)
+	return nil
+}
+
+// realTarget returns a half message's REAL_TOPIC and REAL_QID.
+func realTarget(m *protocol.MessageExt) (string, int32, error) {
+	topic, ok := m.Property(protocol.PropRealTopic)
+	qs, ok2 := m.Property(protocol.PropRealQueueID)
+	if !ok || !ok2 {
+		return "", 0, errors.New("half message without REAL_TOPIC/REAL_QID")
+	}
+	qid, err := strconv.ParseInt(qs, 10, 32)
+	if err != nil || qid < 0 {
+		return "", 0, fmt.Errorf("half message with REAL_QID %q", qs)
+	}
+	if err := validateTopic(topic); err != nil {
+		return "", 0, fmt.Errorf("half message with REAL_TOPIC %q: %w", topic, err)
+	}
+	return topic, int32(qid), nil
+}
+
+// finalMessage builds the committed message of a half message: real topic
+// and queue, commit transaction bits, preparedTransactionOffset = the half
+// message's physical offset, TRAN_MSG and REAL_* removed.
+func finalMessage(half *protocol.MessageExt, phys int64) (*InboundMessage, error) {
+	topic, qid, err := realTarget(half)
+	if err != nil {
+		return nil, err
+	}
+	props := protocol.AppendPropertiesExcept(make([]byte, 0, len(half.Properties)), half.Properties,
+		protocol.PropTransactionPrepared, protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionCheckTimes)
+	m := &InboundMessage{
+		Topic:                     topic,
+		QueueID:                   qid,
+		Flag:                      half.Flag,
+		Body:                      half.Body,
+		Properties:                string(props),
+		SysFlag:                   protocol.SetTransactionType(half.SysFlag, protocol.SysFlagTransactionCommit),
+		BornTimestamp:             half.BornTimestamp,
+		BornHost:                  half.BornHost,
+		ReconsumeTimes:            half.ReconsumeTimes,
+		MaxReconsumeTimes:         -1,
+		PreparedTransactionOffset: phys,
+	}
+	m.ProducerGroup, _ = m.Property(protocol.PropProducerGroup)
+	if d, ok := m.Property(protocol.PropDelayLevel); ok {
+		if v, err := strconv.ParseInt(d, 10, 32); err == nil {
+			m.DelayLevel = int32(v)
+		}
+	}
+	return m, nil
+}
+
+// ---- check-back ----
+
+func txChecksKey(off int64) []byte {
+	return binary.BigEndian.AppendUint64([]byte(metaTxChecks), uint64(off))
+}
+
+func (t *transactions) getMetaInt(key []byte) (int64, error) {
+	v, ok, err := t.b.store.GetMeta(key)
+	if err != nil || !ok {
+		return 0, err
+	}
+	if len(v) != 8 {
+		return 0, fmt.Errorf("broker: transaction meta %q: %d bytes, want 8", key, len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), nil
+}
+
+func (t *transactions) putMetaInt(key []byte, v int64) error {
+	return t.b.store.PutMeta(key, binary.BigEndian.AppendUint64(nil, uint64(v)))
+}
+
+// run checks back pending half messages every check interval until ctx
+// ends.
+func (t *transactions) run(ctx context.Context) {
+	tk := time.NewTicker(t.cfg.checkInterval)
+	defer tk.Stop()
+	loaded := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		if !loaded {
+			p, err := t.getMetaInt([]byte(metaTxScan))
+			if err != nil {
+				t.log.Error("broker: transaction checker cannot read its progress; retrying", "err", err)
+				continue
+			}
+			t.scanFrom.Store(p)
+			loaded = true
+		}
+		if err := t.checkRound(ctx); err != nil && ctx.Err() == nil && t.b.running() {
+			t.log.Warn("broker: transaction check-back round failed; retrying", "err", err)
+		}
+	}
+}
+
+// readHalves returns copies of up to txBatch half messages from offset,
+// and the offset after the scanned range.
+func (t *transactions) readHalves(from int64) ([]protocol.MessageExt, int64, error) {
+	var out []protocol.MessageExt
+	next, err := t.b.store.Get(topicTransHalf, 0, from, txBatch, 0, func(rec []byte, _ int64) bool {
+		m, _, err := protocol.DecodeRecord(rec)
+		if err != nil {
+			t.log.Error("broker: skipping undecodable half message", "err", err)
+			return true
+		}
+		out = append(out, m.Clone())
+		return true
+	})
+	return out, next, err
+}
+
+// checkRound scans the half queue once (see the file comment) and
+// persists how far every half message is known to have ended.
+func (t *transactions) checkRound(ctx context.Context) error {
+	maxOff, err := t.b.store.MaxOffset(topicTransHalf, 0)
+	if err != nil {
+		return err
+	}
+	from := t.scanFrom.Load()
+	progress, contiguous := from, true
+	now := t.b.now().UnixMilli()
+	var roundErr error
+	off := from
+scan:
+	for off < maxOff && ctx.Err() == nil {
+		msgs, next, err := t.readHalves(off)
+		if err != nil {
+			roundErr = err
+			break
+		}
+		for i := range msgs {
+			m := &msgs[i]
+			ended, stop, err := t.checkOne(ctx, m, now)
+			if err != nil {
+				roundErr = errors.Join(roundErr, fmt.Errorf("half message %d: %w", m.QueueOffset, err))
+				contiguous = false
+				continue
+			}
+			if stop {
+				break scan
+			}
+			if !ended {
+				contiguous = false
+			} else if contiguous {
+				progress = m.QueueOffset + 1
+			}
+		}
+		if contiguous {
+			progress = max(progress, next) // undecodable records are skipped
+		}
+		if next <= off {
+			break
+		}
+		off = next
+	}
+	if progress > from {
+		if err := t.putMetaInt([]byte(metaTxScan), progress); err != nil {
+			return errors.Join(roundErr, err)
+		}
+		t.scanFrom.Store(progress)
+		t.prune(progress)
+	}
+	return roundErr
+}
+
+// prune forgets cached outcomes and check counts below progress.
+func (t *transactions) prune(progress int64) {
+	t.mu.Lock()
+	for off := range t.mu.ended {
+		if off < progress {
+			delete(t.mu.ended, off)
+		}
+	}
+	t.mu.Unlock()
+	var stale [][]byte
+	err := t.b.store.ScanMeta([]byte(metaTxChecks), func(k, _ []byte) bool {
+		if len(k) != len(metaTxChecks)+8 || int64(binary.BigEndian.Uint64(k[len(metaTxChecks):])) < progress {
+			stale = append(stale, append([]byte(nil), k...))
+			return true
+		}
+		return false
+	})
+	for _, k := range stale {
+		err = errors.Join(err, t.b.store.DeleteMeta(k))
+	}
+	if err != nil {
+		t.log.Warn("broker: cannot delete old transaction check counts (retried next round)", "err", err)
+	}
+}
+
+// checkOne handles one half message of a round: ended reports that it has
+// an outcome (possibly given now, by a discard); stop that it is too young
+// to be checked and so is every later one.
+func (t *transactions) checkOne(ctx context.Context, m *protocol.MessageExt, nowMs int64) (ended, stop bool, err error) {
+	st, err := t.state(m.QueueOffset)
+	if err != nil || st != txPending {
+		return err == nil, false, err
+	}
+	age := nowMs - m.StoreTimestamp
+	timeout := t.cfg.timeout.Milliseconds()
+	if v, ok := m.Property(protocol.PropCheckImmunityTime); ok {
+		if sec, err := strconv.ParseInt(v, 10, 64); err == nil && sec > 0 && sec < math.MaxInt64/1000 {
+			if age < max(timeout, sec*1000) {
+				return false, false, nil // immune for now; later ones may be due
+			}
+		} else if age < timeout {
+			return false, false, nil
+		}
+	} else if age < timeout {
+		return false, true, nil
+	}
+	count, err := t.getMetaInt(txChecksKey(m.QueueOffset))
+	if err != nil {
+		return false, false, err
+	}
+	if count >= int64(t.cfg.checkMax) {
+		if err := t.discard(ctx, m, count); err != nil {
+			return false, false, err
+		}
+		return true, false, nil
+	}
+	group, _ := m.Property(protocol.PropProducerGroup)
+	conns := t.liveProducers(group)
+	if len(conns) == 0 {
+		return false, false, nil // no producer online: retried next round
+	}
+	count++
+	if err := t.putMetaInt(txChecksKey(m.QueueOffset), count); err != nil {
+		return false, false, err
+	}
+	t.sendCheck(ctx, m, count, conns)
+	return false, false, nil
+}
+
+// liveProducers returns the open channels of a producer group in random
+// order.
+func (t *transactions) liveProducers(group string) []*remoting.ServerConn {
+	f := t.b.ext.producerChannels
+	if f == nil || group == "" {
+		return nil
+	}
+	conns := f(group)
+	live := conns[:0]
+	for _, c := range conns {
+		select {
+		case <-c.Done():
+		default:
+			live = append(live, c)
+		}
+	}
+	rand.Shuffle(len(live), func(i, j int) { live[i], live[j] = live[j], live[i] })
+	return live
+}
+
+// checkRequest builds the CHECK_TRANSACTION_STATE of a half message: the
+// body is the half message with its real topic and queue restored, all its
+// properties and TRANSACTION_CHECK_TIMES = count.
+func (t *transactions) checkRequest(m *protocol.MessageExt, count int64) (*protocol.Command, error) {
+	topic, qid, err := realTarget(m)
+	if err != nil {
+		return nil, err
+	}
+	uniq := m.UniqKey()
+	txID, ok := m.Property(protocol.PropTransactionID)
+	if !ok {
+		txID = uniq
+	}
+	props := protocol.AppendPropertiesExcept(make([]byte, 0, len(m.Properties)+32), m.Properties, protocol.PropTransactionCheckTimes)
+	props = appendIntProperty(props, protocol.PropTransactionCheckTimes, count)
+	body := *m
+	body.Topic, body.QueueID, body.Properties = topic, qid, string(props)
+	rec, err := body.AppendRecord(nil)
+	if err != nil {
+		return nil, err
+	}
+	cmd := protocol.NewRequest(protocol.ReqCheckTransactionState)
+	h := protocol.CheckTransactionStateRequestHeader{
+		Topic:                topicTransHalf,
+		TranStateTableOffset: m.QueueOffset,
+		CommitLogOffset:      m.CommitLogOffset,
+		MsgID:                uniq,
+		TransactionID:        txID,
+		OffsetMsgID:          m.OffsetMsgID(),
+		BrokerName:           t.b.brokerName(),
+	}
+	h.Encode(cmd)
+	cmd.Body = rec
+	return cmd, nil
+}
+
+// sendCheck sends the check-back oneway to the first of conns that takes
+// it.
+func (t *transactions) sendCheck(ctx context.Context, m *protocol.MessageExt, count int64, conns []*remoting.ServerConn) {
+	cmd, err := t.checkRequest(m, count)
+	if err != nil {
+		t.log.Error("broker: cannot build a transaction check-back", "halfOffset", m.QueueOffset, "err", err)
+		return
+	}
+	for _, c := range conns {
+		sctx, cancel := context.WithTimeout(ctx, checkSendTimeout)
+		err := c.InvokeOneway(sctx, cmd)
+		cancel()
+		if err == nil {
+			t.checkBacks.Add(1)
+			return
+		}
+		t.log.Debug("broker: transaction check-back not sent", "remote", c.RemoteAddr().String(), "err", err)
+	}
+}
+
+// discard ends a half message that reached the max check count: a copy
+// goes to TRANS_CHECK_MAX_TIME_TOPIC with its op record, atomically.
+func (t *transactions) discard(ctx context.Context, m *protocol.MessageExt, count int64) error {
+	unlock, err := t.lock(ctx, m.CommitLogOffset)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := t.state(m.QueueOffset)
+	if err != nil || st != txPending {
+		return err
+	}
+	if _, err := t.b.ensureTopic(ctx, topicTransCheckMax, 1, protocol.PermRead|protocol.PermWrite); err != nil {
+		return err
+	}
+	props := protocol.AppendPropertiesExcept(make([]byte, 0, len(m.Properties)+32), m.Properties, protocol.PropTransactionCheckTimes)
+	props = appendIntProperty(props, protocol.PropTransactionCheckTimes, count)
+	cp := &InboundMessage{
+		Topic:                     topicTransCheckMax,
+		Flag:                      m.Flag,
+		Body:                      m.Body,
+		Properties:                string(props),
+		SysFlag:                   m.SysFlag,
+		BornTimestamp:             m.BornTimestamp,
+		BornHost:                  m.BornHost,
+		ReconsumeTimes:            m.ReconsumeTimes,
+		MaxReconsumeTimes:         -1,
+		PreparedTransactionOffset: m.CommitLogOffset,
+	}
+	if _, err := t.b.storeAll(ctx, cp, t.opRecord(m.QueueOffset, txDiscarded)); err != nil {
+		return err
+	}
+	t.discarded.Add(1)
+	t.markEnded(m.QueueOffset, txDiscarded)
+	t.log.Warn("broker: transactional half message discarded after the max check count",
+		"halfOffset", m.QueueOffset, "uniqKey", m.UniqKey(), "checks", count, "topic", topicTransCheckMax)
+	return nil
+}

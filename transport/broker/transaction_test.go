@@ -1,0 +1,649 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// txHalf is what a transactional send was answered with.
+type txHalf struct {
+	queueID     int32
+	queueOffset int64
+	phys        int64
+	msgID       string
+	txID        string
+}
+
+// txSend sends a transactional half message the way the Go transaction
+// producer does (sysFlag 4, TRAN_MSG, PGROUP).
+func txSend(t testing.TB, c *subClient, group, topic string, queue int32, body string, extra ...string) txHalf {
+	t.Helper()
+	resp := c.invoke(t, txSendReq(group, topic, queue, body, extra...))
+	if resp.Code != protocol.ResSuccess {
+		t.Fatalf("transactional send: %d %q", resp.Code, resp.Remark)
+	}
+	var rh protocol.SendMessageResponseHeader
+	if err := rh.Decode(resp); err != nil {
+		t.Fatal(err)
+	}
+	_, phys, err := protocol.ParseOffsetMsgID(rh.MsgID)
+	if err != nil {
+		t.Fatalf("send response msgId %q is not an offset id: %v", rh.MsgID, err)
+	}
+	return txHalf{queueID: rh.QueueID, queueOffset: rh.QueueOffset, phys: phys, msgID: rh.MsgID, txID: rh.TransactionID}
+}
+
+func txSendReq(group, topic string, queue int32, body string, extra ...string) *protocol.Command {
+	kv := append([]string{protocol.PropTransactionPrepared, "true", protocol.PropProducerGroup, group, protocol.PropTags, "tx"}, extra...)
+	req := protocol.NewRequest(protocol.ReqSendMessage)
+	h := protocol.SendMessageRequestHeader{
+		ProducerGroup: group, Topic: topic, DefaultTopic: topicDefault, DefaultTopicQueueNums: 4,
+		QueueID: queue, SysFlag: protocol.SysFlagTransactionPrepared, BornTimestamp: time.Now().UnixMilli(),
+		Properties: props(kv...), ReconsumeTimes: protocol.Some[int32](0), UnitMode: protocol.Some(false),
+		Batch: protocol.Some(false),
+	}
+	h.Encode(req)
+	req.Body = []byte(body)
+	return req
+}
+
+func endReq(group string, h txHalf, state int32, fromCheck bool) *protocol.Command {
+	req := protocol.NewRequest(protocol.ReqEndTransaction)
+	eh := protocol.EndTransactionRequestHeader{
+		ProducerGroup: group, TranStateTableOffset: h.queueOffset, CommitLogOffset: h.phys,
+		CommitOrRollback: state, FromTransactionCheck: protocol.Some(fromCheck), MsgID: h.txID,
+		TransactionID: h.txID, BrokerName: DefaultBrokerName,
+	}
+	eh.Encode(req)
+	return req
+}
+
+// endTx sends END_TRANSACTION and returns the response.
+func endTx(t testing.TB, c *subClient, group string, h txHalf, state int32) *protocol.Command {
+	t.Helper()
+	return c.invoke(t, endReq(group, h, state, false))
+}
+
+func mustEnd(t testing.TB, c *subClient, group string, h txHalf, state int32) {
+	t.Helper()
+	if resp := endTx(t, c, group, h, state); resp.Code != protocol.ResSuccess {
+		t.Fatalf("end transaction %d: %d %q", state, resp.Code, resp.Remark)
+	}
+}
+
+func bodies(ms []protocol.MessageExt) []string {
+	out := make([]string, len(ms))
+	for i := range ms {
+		out[i] = string(ms[i].Body)
+	}
+	return out
+}
+
+// txBroker starts a broker whose check-back runs every 20 ms.
+func txBroker(t *testing.T, dir string, clk *subClock, opts ...Option) *Broker {
+	t.Helper()
+	return subBroker(t, dir, clk, append([]Option{WithTransactionCheckInterval(20 * time.Millisecond)}, opts...)...)
+}
+
+func TestBrokerTransactionCommit(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	h := txSend(t, c, "txpg", "TxTopic", 2, "hello", protocol.PropKeys, "k1")
+	if h.queueID != 2 || h.queueOffset != 0 || h.txID == "" {
+		t.Fatalf("half response %+v", h)
+	}
+	halves := subMessages(t, b, topicTransHalf, 0)
+	if len(halves) != 1 {
+		t.Fatalf("half queue holds %d", len(halves))
+	}
+	hm := &halves[0]
+	if hm.CommitLogOffset != h.phys || protocol.TransactionType(hm.SysFlag) != protocol.SysFlagTransactionNotType {
+		t.Errorf("half message phys %d sysFlag %#x", hm.CommitLogOffset, hm.SysFlag)
+	}
+	wantProps(t, hm, protocol.PropRealTopic, "TxTopic", protocol.PropRealQueueID, "2", protocol.PropTransactionID, h.txID,
+		protocol.PropProducerGroup, "txpg", protocol.PropTransactionPrepared, "true", protocol.PropUniqKey, h.txID)
+
+	// Invisible to a consumer of the real topic.
+	if r := pull(t, c.Conn, pullArgs{topic: "TxTopic", queue: 2, max: 32}); len(r.msgs) != 0 {
+		t.Fatalf("pull before commit returned %d messages", len(r.msgs))
+	}
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	r := pull(t, c.Conn, pullArgs{topic: "TxTopic", queue: 2, max: 32})
+	if len(r.msgs) != 1 || string(r.msgs[0].Body) != "hello" {
+		t.Fatalf("pull after commit: %q", bodies(r.msgs))
+	}
+	m := &r.msgs[0]
+	if protocol.TransactionType(m.SysFlag) != protocol.SysFlagTransactionCommit || m.PreparedTransactionOffset != h.phys {
+		t.Errorf("committed sysFlag %#x preparedTransactionOffset %d (half at %d)", m.SysFlag, m.PreparedTransactionOffset, h.phys)
+	}
+	wantProps(t, m, protocol.PropTransactionPrepared, "", protocol.PropRealTopic, "", protocol.PropRealQueueID, "",
+		protocol.PropProducerGroup, "txpg", protocol.PropUniqKey, h.txID, protocol.PropKeys, "k1", protocol.PropTags, "tx")
+
+	// Repeated commits, also from a check, are answered success and store nothing.
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if resp := c.invoke(t, endReq("txpg", h, protocol.SysFlagTransactionCommit, true)); resp.Code != protocol.ResSuccess {
+		t.Fatalf("repeated commit from check: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "TxTopic", 2); len(got) != 1 {
+		t.Fatalf("TxTopic/2 holds %d after repeated commits", len(got))
+	}
+	// A rollback of a committed transaction is refused.
+	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit: %d %q", resp.Code, resp.Remark)
+	}
+	if st := b.TransactionStats(); st.Prepared != 1 || st.Committed != 1 || st.RolledBack != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	// The op record is in the op topic, tagged d.
+	ops := subMessages(t, b, topicTransOpHalf, 0)
+	if len(ops) != 1 || string(ops[0].Body) != "0," {
+		t.Fatalf("op records %q", bodies(ops))
+	}
+	wantProps(t, &ops[0], protocol.PropTags, "d", propTxState, "commit")
+}
+
+func TestBrokerTransactionRollback(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	h := txSend(t, c, "txpg", "TxTopic", 0, "discard me")
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionRollback)
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionRollback)
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 0 {
+		t.Fatalf("rolled back message visible: %q", bodies(got))
+	}
+	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionCommit); resp.Code != protocol.ResSystemError {
+		t.Errorf("commit after rollback: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 0 {
+		t.Fatalf("rolled back message visible after a late commit: %q", bodies(got))
+	}
+	if ops := subMessages(t, b, topicTransOpHalf, 0); len(ops) != 1 {
+		t.Errorf("%d op records, want 1", len(ops))
+	}
+	if st := b.TransactionStats(); st.RolledBack != 1 || st.Committed != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestBrokerTransactionUnknownGetsNoResponse(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	h := txSend(t, c, "txpg", "TxTopic", 0, "later")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Invoke(ctx, endReq("txpg", h, protocol.SysFlagTransactionNotType, false))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("END_TRANSACTION unknown was answered (err %v)", err)
+	}
+	// The connection stays usable and the half message pending.
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
+		t.Fatalf("TxTopic/0 holds %d", len(got))
+	}
+}
+
+func TestBrokerTransactionMismatch(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	h := txSend(t, c, "txpg", "TxTopic", 0, "a")
+	h2 := txSend(t, c, "txpg", "TxTopic", 0, "b")
+	plain := c.send(t, protocol.ReqSendMessage, "TxTopic", 1, "plain", nil, 0, 0)
+	plainID, _ := plain.Ext("msgId")
+	_, plainPhys, err := protocol.ParseOffsetMsgID(plainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongOff := h
+	wrongOff.queueOffset = h2.queueOffset
+	notHalf := h
+	notHalf.phys = plainPhys
+	nowhere := h
+	nowhere.phys = 1 << 40
+	for _, tc := range []struct {
+		name, group string
+		h           txHalf
+		remark      string
+	}{
+		{"wrong group", "other", h, remarkWrongGroup},
+		{"wrong state table offset", "txpg", wrongOff, remarkWrongStateOff},
+		{"not a half message", "txpg", notHalf, remarkHalfNotFound},
+		{"no message", "txpg", nowhere, remarkHalfNotFound},
+	} {
+		for _, st := range []int32{protocol.SysFlagTransactionCommit, protocol.SysFlagTransactionRollback} {
+			resp := endTx(t, c, tc.group, tc.h, st)
+			if resp.Code != protocol.ResSystemError || resp.Remark != tc.remark {
+				t.Errorf("%s (%d): %d %q, want SYSTEM_ERROR %q", tc.name, st, resp.Code, resp.Remark, tc.remark)
+			}
+		}
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 0 {
+		t.Fatalf("mismatched ends stored %q", bodies(got))
+	}
+	if ops := subMessages(t, b, topicTransOpHalf, 0); len(ops) != 0 {
+		t.Fatalf("mismatched ends wrote %d op records", len(ops))
+	}
+	// A missing required field is INVALID_PARAMETER.
+	req := protocol.NewRequest(protocol.ReqEndTransaction)
+	req.SetExt("producerGroup", "txpg")
+	if resp := c.invoke(t, req); resp.Code != protocol.ResInvalidParameter {
+		t.Errorf("header without offsets: %d %q", resp.Code, resp.Remark)
+	}
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+}
+
+func TestBrokerTransactionConcurrentCommits(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	const n = 20
+	hs := make([]txHalf, n)
+	for i := range hs {
+		hs[i] = txSend(t, c, "txpg", "TxTopic", 0, "m"+strconv.Itoa(i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 4*n)
+	for i := range hs {
+		for range 4 {
+			go func() {
+				resp, err := c.Invoke(ctx, endReq("txpg", hs[i], protocol.SysFlagTransactionCommit, false))
+				if err == nil && resp.Code != protocol.ResSuccess {
+					err = fmt.Errorf("commit %d: %d %q", i, resp.Code, resp.Remark)
+				}
+				errc <- err
+			}()
+		}
+	}
+	for range 4 * n {
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != n {
+		t.Fatalf("TxTopic/0 holds %d after concurrent commits, want %d", len(got), n)
+	}
+	if st := b.TransactionStats(); st.Committed != n {
+		t.Errorf("committed %d", st.Committed)
+	}
+}
+
+func TestBrokerTransactionRestart(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	dir := t.TempDir()
+	b := txBroker(t, dir, clk)
+	c := subDial(t, b, "producer-1")
+	committed := txSend(t, c, "txpg", "TxTopic", 0, "committed")
+	rolledBack := txSend(t, c, "txpg", "TxTopic", 0, "rolled back")
+	pending := txSend(t, c, "txpg", "TxTopic", 0, "pending")
+	mustEnd(t, c, "txpg", committed, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", rolledBack, protocol.SysFlagTransactionRollback)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	b = txBroker(t, dir, clk)
+	c = subDial(t, b, "producer-2")
+	// Repeats after the restart change nothing; the pending one commits.
+	mustEnd(t, c, "txpg", committed, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", rolledBack, protocol.SysFlagTransactionRollback)
+	if resp := endTx(t, c, "txpg", committed, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback of a committed transaction after restart: %d", resp.Code)
+	}
+	if got := bodies(subMessages(t, b, "TxTopic", 0)); len(got) != 1 || got[0] != "committed" {
+		t.Fatalf("after restart TxTopic/0 holds %q", got)
+	}
+	mustEnd(t, c, "txpg", pending, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", pending, protocol.SysFlagTransactionCommit)
+	if got := bodies(subMessages(t, b, "TxTopic", 0)); len(got) != 2 || got[1] != "pending" {
+		t.Fatalf("after the late commit TxTopic/0 holds %q", got)
+	}
+	if st := b.TransactionStats(); st.Committed != 1 || st.RolledBack != 0 {
+		t.Errorf("stats after restart %+v (repeats must not count)", st)
+	}
+}
+
+// txProducer heartbeats as a member of a producer group and reports the
+// check-backs it receives.
+func txProducer(t *testing.T, b *Broker, clientID, group string) *subClient {
+	t.Helper()
+	c := subDial(t, b, clientID)
+	if resp := c.heartbeat(t, "", group); resp.Code != protocol.ResSuccess {
+		t.Fatalf("heartbeat: %d %q", resp.Code, resp.Remark)
+	}
+	return c
+}
+
+// checkOf decodes a CHECK_TRANSACTION_STATE request.
+func checkOf(t testing.TB, req *protocol.Command) (protocol.CheckTransactionStateRequestHeader, protocol.MessageExt) {
+	t.Helper()
+	var h protocol.CheckTransactionStateRequestHeader
+	if err := h.Decode(req); err != nil {
+		t.Fatalf("check header: %v", err)
+	}
+	m, n, err := protocol.DecodeRecord(req.Body)
+	if err != nil || n != len(req.Body) {
+		t.Fatalf("check body: %v (%d of %d bytes)", err, n, len(req.Body))
+	}
+	return h, m.Clone()
+}
+
+func TestBrokerTransactionCheckBack(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	p := txProducer(t, b, "producer-1", "txpg")
+	other := txProducer(t, b, "producer-2", "otherpg")
+	h := txSend(t, p, "txpg", "TxTopic", 3, "check me", "userProp", "v")
+	// Younger than the transaction timeout (6 s): not checked.
+	subNever(t, 200*time.Millisecond, func() bool { return len(p.requests(protocol.ReqCheckTransactionState)) > 0 }, "check-back before the timeout")
+	clk.advance(7 * time.Second)
+	subEventually(t, 5*time.Second, func() error {
+		if n := len(p.requests(protocol.ReqCheckTransactionState)); n == 0 {
+			return errors.New("no check-back")
+		}
+		return nil
+	})
+	req := p.requests(protocol.ReqCheckTransactionState)[0]
+	if !req.IsOneway() {
+		t.Error("check-back is not oneway")
+	}
+	ch, m := checkOf(t, req)
+	if ch.TranStateTableOffset != h.queueOffset || ch.CommitLogOffset != h.phys || ch.MsgID != h.txID ||
+		ch.TransactionID != h.txID || ch.OffsetMsgID != h.msgID || ch.Topic != topicTransHalf || ch.BrokerName != DefaultBrokerName {
+		t.Errorf("check header %+v, half %+v", ch, h)
+	}
+	if m.Topic != "TxTopic" || m.QueueID != 3 || string(m.Body) != "check me" || m.QueueOffset != h.queueOffset || m.CommitLogOffset != h.phys {
+		t.Errorf("check body: %s/%d@%d phys %d %q", m.Topic, m.QueueID, m.QueueOffset, m.CommitLogOffset, m.Body)
+	}
+	wantProps(t, &m, protocol.PropProducerGroup, "txpg", "userProp", "v", protocol.PropUniqKey, h.txID,
+		protocol.PropTransactionPrepared, "true", protocol.PropTransactionCheckTimes, "1")
+	if n := len(other.requests(protocol.ReqCheckTransactionState)); n != 0 {
+		t.Errorf("a producer of another group got %d check-backs", n)
+	}
+	// The producer answers the check the way the Go client does.
+	ans := h
+	ans.queueOffset, ans.phys = ch.TranStateTableOffset, ch.CommitLogOffset
+	if resp := p.invoke(t, endReq("txpg", ans, protocol.SysFlagTransactionCommit, true)); resp.Code != protocol.ResSuccess {
+		t.Fatalf("commit from check: %d %q", resp.Code, resp.Remark)
+	}
+	if got := bodies(subMessages(t, b, "TxTopic", 3)); len(got) != 1 || got[0] != "check me" {
+		t.Fatalf("TxTopic/3 holds %q", got)
+	}
+	// Ended: no more check-backs, and the scan progress moves past it.
+	subEventually(t, 5*time.Second, func() error {
+		if b.tx.scanFrom.Load() != h.queueOffset+1 {
+			return fmt.Errorf("scan progress %d", b.tx.scanFrom.Load())
+		}
+		return nil
+	})
+	n := len(p.requests(protocol.ReqCheckTransactionState))
+	clk.advance(time.Minute)
+	subNever(t, 200*time.Millisecond, func() bool { return len(p.requests(protocol.ReqCheckTransactionState)) > n }, "check-back after the commit")
+	if st := b.TransactionStats(); st.CheckBacks < 1 || st.Committed != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestBrokerTransactionCheckWaitsForProducer(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	dir := t.TempDir()
+	b := txBroker(t, dir, clk, WithTransactionTimeout(0))
+	c := subDial(t, b, "sender")
+	h := txSend(t, c, "txpg", "TxTopic", 0, "orphan")
+	// No producer of txpg online: nothing is sent and nothing counted.
+	subNever(t, 300*time.Millisecond, func() bool { return b.TransactionStats().CheckBacks > 0 }, "check-back without a producer")
+	if n, _ := b.tx.getMetaInt(txChecksKey(h.queueOffset)); n != 0 {
+		t.Fatalf("check count %d without a producer", n)
+	}
+	// Once a producer heartbeats, the next round checks it, counting from 1.
+	p := txProducer(t, b, "producer-1", "txpg")
+	subEventually(t, 5*time.Second, func() error {
+		if len(p.requests(protocol.ReqCheckTransactionState)) < 2 {
+			return errors.New("fewer than 2 check-backs")
+		}
+		return nil
+	})
+	_, m1 := checkOf(t, p.requests(protocol.ReqCheckTransactionState)[0])
+	_, m2 := checkOf(t, p.requests(protocol.ReqCheckTransactionState)[1])
+	wantProps(t, &m1, protocol.PropTransactionCheckTimes, "1")
+	wantProps(t, &m2, protocol.PropTransactionCheckTimes, "2")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The count survives a restart.
+	b = txBroker(t, dir, clk, WithTransactionTimeout(0))
+	p = txProducer(t, b, "producer-1", "txpg")
+	subEventually(t, 5*time.Second, func() error {
+		if len(p.requests(protocol.ReqCheckTransactionState)) < 1 {
+			return errors.New("no check-back after restart")
+		}
+		return nil
+	})
+	_, m3 := checkOf(t, p.requests(protocol.ReqCheckTransactionState)[0])
+	if v, _ := m3.Property(protocol.PropTransactionCheckTimes); v == "1" || v == "2" || v == "" {
+		t.Errorf("first check-back after restart has TRANSACTION_CHECK_TIMES %q, want > 2", v)
+	}
+}
+
+func TestBrokerTransactionMaxChecksDiscard(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk, WithTransactionTimeout(0), WithTransactionCheckMax(3))
+	p := txProducer(t, b, "producer-1", "txpg")
+	h := txSend(t, p, "txpg", "TxTopic", 1, "never answered")
+	subEventually(t, 5*time.Second, func() error {
+		if st := b.TransactionStats(); st.Discarded != 1 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	if n := len(p.requests(protocol.ReqCheckTransactionState)); n != 3 {
+		t.Errorf("%d check-backs before the discard, want 3", n)
+	}
+	got := subMessages(t, b, topicTransCheckMax, 0)
+	if len(got) != 1 || string(got[0].Body) != "never answered" {
+		t.Fatalf("%s holds %q", topicTransCheckMax, bodies(got))
+	}
+	wantProps(t, &got[0], protocol.PropRealTopic, "TxTopic", protocol.PropProducerGroup, "txpg", protocol.PropTransactionCheckTimes, "3")
+	if _, ok := b.topicConfig(topicTransCheckMax); !ok {
+		t.Error("TRANS_CHECK_MAX_TIME_TOPIC was not created")
+	}
+	// Discarded is final: a late commit is refused, a rollback is a no-op.
+	if resp := endTx(t, p, "txpg", h, protocol.SysFlagTransactionCommit); resp.Code != protocol.ResSystemError {
+		t.Errorf("commit after discard: %d %q", resp.Code, resp.Remark)
+	}
+	mustEnd(t, p, "txpg", h, protocol.SysFlagTransactionRollback)
+	if got := subMessages(t, b, "TxTopic", 1); len(got) != 0 {
+		t.Fatalf("discarded message visible: %q", bodies(got))
+	}
+	subNever(t, 200*time.Millisecond, func() bool { return len(p.requests(protocol.ReqCheckTransactionState)) > 3 }, "check-back after the discard")
+}
+
+func TestBrokerTransactionImmunity(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	p := txProducer(t, b, "producer-1", "txpg")
+	immune := txSend(t, p, "txpg", "TxTopic", 0, "immune", protocol.PropCheckImmunityTime, "60")
+	plain := txSend(t, p, "txpg", "TxTopic", 0, "plain")
+	checked := func() map[int64]int {
+		out := map[int64]int{}
+		for _, r := range p.requests(protocol.ReqCheckTransactionState) {
+			h, _ := checkOf(t, r)
+			out[h.TranStateTableOffset]++
+		}
+		return out
+	}
+	clk.advance(10 * time.Second)
+	// The later message without immunity is checked; the immune one is not.
+	subEventually(t, 5*time.Second, func() error {
+		if checked()[plain.queueOffset] == 0 {
+			return errors.New("plain half not checked")
+		}
+		return nil
+	})
+	if n := checked()[immune.queueOffset]; n != 0 {
+		t.Fatalf("immune half checked %d times after 10 s", n)
+	}
+	clk.advance(55 * time.Second)
+	subEventually(t, 5*time.Second, func() error {
+		if checked()[immune.queueOffset] == 0 {
+			return errors.New("immune half not checked after 65 s")
+		}
+		return nil
+	})
+}
+
+func TestBrokerTransactionDelayedCommit(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "producer-1")
+	h := txSend(t, c, "txpg", "TxTopic", 0, "delayed", protocol.PropDelayLevel, "2")
+	// A half message is not delayed when it arrives.
+	if n := len(subMessages(t, b, topicSchedule, 1)); n != 0 {
+		t.Fatalf("half message went to the schedule topic (%d)", n)
+	}
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	s := subMessages(t, b, topicSchedule, 1)
+	if len(s) != 1 {
+		t.Fatalf("committed delayed message: schedule queue 1 holds %d", len(s))
+	}
+	if protocol.TransactionType(s[0].SysFlag) != protocol.SysFlagTransactionCommit || s[0].PreparedTransactionOffset != h.phys {
+		t.Errorf("scheduled sysFlag %#x prepared %d", s[0].SysFlag, s[0].PreparedTransactionOffset)
+	}
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if n := len(subMessages(t, b, topicSchedule, 1)); n != 1 {
+		t.Fatalf("repeated commit scheduled again (%d)", n)
+	}
+	clk.advance(6 * time.Second)
+	subEventually(t, 5*time.Second, func() error {
+		if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
+			return fmt.Errorf("TxTopic/0 holds %d", len(got))
+		}
+		return nil
+	})
+}
+
+// The send response names the queue the client chose even when the
+// message was moved to a schedule queue (Java reports the original).
+func TestBrokerSendReportsOriginalQueue(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := subBroker(t, t.TempDir(), clk)
+	c := subDial(t, b, "p")
+	for _, tc := range []struct {
+		props map[string]string
+		queue int32
+	}{
+		{map[string]string{"DELAY": "5"}, 2},
+		{map[string]string{"TIMER_DELAY_SEC": "30"}, 3},
+		{nil, 1},
+	} {
+		resp := c.send(t, protocol.ReqSendMessage, "Q", tc.queue, "x", tc.props, 0, 0)
+		var rh protocol.SendMessageResponseHeader
+		if err := rh.Decode(resp); err != nil || resp.Code != protocol.ResSuccess {
+			t.Fatalf("send %v: %d %v", tc.props, resp.Code, err)
+		}
+		if rh.QueueID != tc.queue {
+			t.Errorf("send %v to queue %d: response queueId %d", tc.props, tc.queue, rh.QueueID)
+		}
+	}
+	if n := len(subMessages(t, b, topicSchedule, 4)); n != 1 {
+		t.Errorf("schedule queue 4 holds %d", n)
+	}
+}
+
+func TestBrokerSubsystemOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  Option
+	}{
+		{"no delay levels", WithDelayLevels(nil)},
+		{"19 delay levels", WithDelayLevels(make([]time.Duration, 19))},
+		{"zero delay level", WithDelayLevels([]time.Duration{time.Second, 0})},
+		{"zero client expiry", WithClientExpiry(0, time.Second)},
+		{"zero client scan", WithClientExpiry(time.Second, 0)},
+		{"zero lock expiry", WithLockExpiry(0)},
+		{"zero timer max delay", WithTimerMaxDelay(0)},
+		{"tiny check interval", WithTransactionCheckInterval(time.Millisecond)},
+		{"negative tx timeout", WithTransactionTimeout(-time.Second)},
+		{"zero check max", WithTransactionCheckMax(0)},
+	} {
+		if _, err := New(WithDataDir(t.TempDir()), tc.opt); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: New returned %v", tc.name, err)
+		}
+	}
+
+	subLeakCheck(t)
+	// Short delay levels and timer max delay take effect (no clock jump).
+	b := subBroker(t, t.TempDir(), &subClock{}, WithDelayLevels([]time.Duration{50 * time.Millisecond}),
+		WithTimerMaxDelay(time.Minute), WithLockExpiry(time.Second), WithClientExpiry(time.Second, 100*time.Millisecond))
+	c := subDial(t, b, "p")
+	c.send(t, protocol.ReqSendMessage, "Short", 0, "soon", map[string]string{"DELAY": "7"}, 0, 0)
+	subEventually(t, 5*time.Second, func() error {
+		if n := len(subMessages(t, b, "Short", 0)); n != 1 {
+			return fmt.Errorf("Short/0 holds %d", n)
+		}
+		return nil
+	})
+	if resp := c.send(t, protocol.ReqSendMessage, "Short", 0, "late", map[string]string{"TIMER_DELAY_SEC": "120"}, 0, 0); resp.Code != protocol.ResMessageIllegal {
+		t.Errorf("timer beyond the max delay: %d %q", resp.Code, resp.Remark)
+	}
+	// A silent client is expired after 1 s of the broker's clock.
+	if resp := c.heartbeat(t, "", "pg-short"); resp.Code != protocol.ResSuccess {
+		t.Fatal(resp.Remark)
+	}
+	subEventually(t, 5*time.Second, func() error {
+		select {
+		case <-c.Done():
+			return nil
+		default:
+			return errors.New("silent client not expired")
+		}
+	})
+}
+
+// BenchmarkBrokerTransaction measures a half-message send plus its commit
+// (two round trips, two group-committed store writes) over real TCP, from
+// many goroutines. Allocations include the client side.
+func BenchmarkBrokerTransaction(b *testing.B) {
+	br := startBroker(b)
+	const nConns = 4
+	conns := make([]*subClient, nConns)
+	for i := range conns {
+		conns[i] = &subClient{Conn: dial(b, br.Addr())}
+	}
+	txSend(b, conns[0], "txpg", "BenchTx", 0, "warm-up")
+	body := strings.Repeat("x", 128)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		c := conns[next.Add(1)%nConns]
+		for pb.Next() {
+			h := txSend(b, c, "txpg", "BenchTx", 0, body)
+			mustEnd(b, c, "txpg", h, protocol.SysFlagTransactionCommit)
+		}
+	})
+}
