@@ -21,10 +21,14 @@ var (
 	// ErrIncompleteRestore is returned by Open when a savepoint restore into
 	// the directory was interrupted; run the restore again.
 	ErrIncompleteRestore = errors.New("checkpoint: an interrupted savepoint restore left this store incomplete")
+	// ErrFailed is returned once a commit hit a fatal storage error (a failed
+	// write or fsync of the log): the store is poisoned, every later Commit
+	// fails, and the job must restart and recover from the last completed
+	// checkpoint. Whether the failed checkpoint itself became durable is
+	// unknown until then.
+	ErrFailed = errors.New("checkpoint: store failed")
 	// ErrCorrupt is returned for malformed stored records and savepoint files.
 	ErrCorrupt = errors.New("checkpoint: corrupt data")
 	// ErrInvalid is returned for invalid arguments (empty UIDs, oversized keys).
 	ErrInvalid = errors.New("checkpoint: invalid argument")
-
-	errNotImplemented = errors.New("checkpoint: not implemented yet")
 )
