@@ -1,0 +1,44 @@
+// Package pipeline is runnel's user API: typed, Flink-style stream jobs.
+//
+// # Streams
+//
+// A Job is built from a source (FromSource, FromBytes, FromSourceDecoded)
+// and typed transformations — Map, Filter, FlatMap, Union — that are chained
+// into the source's tasks (one task per source split), then KeyBy to shuffle
+// records by key to parallel keyed subtasks running Process, Reduce or
+// Aggregate with per-key state and timers, and finally To a sink. Every
+// operator has a UID, unique in the job and stable across versions: it keys
+// the operator's state and offsets in checkpoints.
+//
+//	job := pipeline.New("wordcount", pipeline.CheckpointDir(dir), pipeline.CheckpointInterval(time.Second))
+//	lines := pipeline.FromSource(job, "lines", source.NewSlice(text, 2))
+//	words := pipeline.FlatMap(lines, "split", splitWords)
+//	counts := pipeline.Reduce(pipeline.KeyBy(words, wordOf), "count", add)
+//	pipeline.To(counts, "print", sink.NewStdout[WordCount](nil, nil))
+//	err := job.Run(ctx)
+//
+// # Keyed state and timers
+//
+// A KeyedProcessFunc is instantiated once per keyed subtask (Process takes a
+// constructor). Its Open registers state handles on the subtask's backend
+// (state.NewValue(ctx.Backend(), …)); ProcessElement and OnTimer see the
+// handles bound to the current key, and register event-time or
+// processing-time timers through the KeyedContext. Side outputs go to
+// OutputTags selected with SideOutput.
+//
+// # Bad records
+//
+// Records that fail to decode or validate (go-playground/validator struct
+// tags) at the source edge, and records on which a user function fails after
+// its retries (panics are recovered into errors), are handled by a Policy:
+// DeadLetter to a sink of sink.DeadLetter records (with the error, source
+// split and offset), Skip (counted), or Fail the job (the default for
+// operators).
+//
+// # Exactly-once
+//
+// Job.Run checkpoints periodically with aligned barriers: source offsets,
+// keyed state changes and sink pre-commits go into one atomic checkpoint
+// commit, and a restarted job resumes from the latest one. See package
+// runtime for the protocol and package sink for the sink contracts.
+package pipeline

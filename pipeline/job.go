@@ -1,0 +1,387 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	goruntime "runtime"
+	"time"
+
+	"github.com/go-playground/validator/v10"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/runtime"
+	"github.com/runnel-dev/runnel/sink"
+	"github.com/runnel-dev/runnel/state"
+)
+
+var (
+	// ErrInvalidGraph is returned by Run (wrapped, with every problem found)
+	// when the job graph is invalid: duplicate or empty UIDs, bad options,
+	// keys without a codec.
+	ErrInvalidGraph = errors.New("pipeline: invalid job graph")
+	// ErrPanic wraps a panic recovered from user code.
+	ErrPanic = errors.New("pipeline: panic in user function")
+	// ErrRunTwice is returned when Run is called a second time.
+	ErrRunTwice = errors.New("pipeline: job already run")
+)
+
+// Codec is the encoding of one type (keys, state, source records): the
+// state package's Codec.
+type Codec[T any] = state.Codec[T]
+
+// JSON returns the built-in JSON codec for T.
+func JSON[T any]() Codec[T] { return state.JSONCodec[T]() }
+
+// JobOption configures a Job.
+type JobOption interface{ applyJob(*jobConfig) }
+
+type jobOptionFunc func(*jobConfig)
+
+func (f jobOptionFunc) applyJob(c *jobConfig) { f(c) }
+
+type jobConfig struct {
+	dir                string
+	interval           time.Duration
+	timeout            time.Duration
+	minPause           time.Duration
+	tolerable          int
+	maxParallelism     int
+	parallelism        int
+	logger             *slog.Logger
+	clock              func() time.Time
+	statusAddr         string
+	faults             Faults
+	onStatusAddr       func(string)
+	validatorInstance  *validator.Validate
+	discoveryInterval  time.Duration
+	defaultSourcePol   Policy
+	defaultOperatorPol Policy
+}
+
+// CheckpointDir sets the job's checkpoint directory (one Pebble store).
+// Without it the job checkpoints into a temporary directory removed when Run
+// returns: nothing survives a restart.
+func CheckpointDir(dir string) JobOption { return jobOptionFunc(func(c *jobConfig) { c.dir = dir }) }
+
+// CheckpointInterval sets the time between periodic checkpoints (0, the
+// default, disables them; bounded jobs still take a final checkpoint and
+// stopped jobs a stop checkpoint).
+func CheckpointInterval(d time.Duration) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.interval = d })
+}
+
+// CheckpointTimeout aborts a checkpoint that takes longer (default 1 min).
+func CheckpointTimeout(d time.Duration) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.timeout = d })
+}
+
+// MinPauseBetweenCheckpoints sets the minimum pause between the end of one
+// checkpoint and the start of the next.
+func MinPauseBetweenCheckpoints(d time.Duration) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.minPause = d })
+}
+
+// TolerableCheckpointFailures sets how many consecutive checkpoint failures
+// the job survives (default 0: the first failure fails the job).
+func TolerableCheckpointFailures(n int) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.tolerable = n })
+}
+
+// MaxParallelism sets the number of key groups (default 128). It is part of
+// the checkpoint fingerprint: changing it makes old checkpoints unusable.
+func MaxParallelism(n int) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.maxParallelism = n })
+}
+
+// DefaultParallelism sets the number of subtasks of keyed operators that do
+// not set Parallelism (default GOMAXPROCS).
+func DefaultParallelism(n int) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.parallelism = n })
+}
+
+// Logger sets the job's logger (nil discards).
+func Logger(l *slog.Logger) JobOption { return jobOptionFunc(func(c *jobConfig) { c.logger = l }) }
+
+// Clock sets the processing-time clock (default time.Now). Processing-time
+// timers are checked against it at least every 50 ms.
+func Clock(now func() time.Time) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.clock = now })
+}
+
+// StatusAddress serves the JSON status endpoint on addr (port 0 picks a free
+// port; onListen, when not nil, receives the actual address).
+func StatusAddress(addr string, onListen func(string)) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.statusAddr, c.onStatusAddr = addr, onListen })
+}
+
+// Validator replaces the go-playground validator used at the source edge
+// (to register custom validations).
+func Validator(v *validator.Validate) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.validatorInstance = v })
+}
+
+// Faults injects deliberate bugs for tests that prove the exactly-once
+// checks can fail. Never set them outside tests.
+type Faults struct {
+	// OffsetsBeforeState makes source tasks checkpoint the offset they had
+	// BEFORE their last processed batch, so checkpointed state runs ahead of
+	// checkpointed offsets and a restore processes some records twice.
+	OffsetsBeforeState bool
+}
+
+// InjectFaults enables test-only faults (see Faults).
+func InjectFaults(f Faults) JobOption { return jobOptionFunc(func(c *jobConfig) { c.faults = f }) }
+
+// Job is a stream job under construction, then running. Building (the
+// functions that take a Job or Stream) is not safe for concurrent use; Run
+// may be called once.
+type Job struct {
+	name   string
+	cfg    jobConfig
+	nodes  []*node
+	uids   map[string]*node
+	dlqs   map[string]*node
+	errs   []error
+	ran    bool
+	engine *runtime.Engine
+}
+
+// New returns an empty job named name.
+func New(name string, opts ...JobOption) *Job {
+	j := &Job{name: name, uids: make(map[string]*node), dlqs: make(map[string]*node)}
+	j.cfg.maxParallelism = state.DefaultMaxParallelism
+	j.cfg.parallelism = goruntime.GOMAXPROCS(0)
+	j.cfg.defaultSourcePol = Fail()
+	j.cfg.defaultOperatorPol = Fail()
+	for _, o := range opts {
+		o.applyJob(&j.cfg)
+	}
+	if j.cfg.clock == nil {
+		j.cfg.clock = time.Now
+	}
+	if j.cfg.logger == nil {
+		j.cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	if j.cfg.validatorInstance == nil {
+		j.cfg.validatorInstance = validator.New(validator.WithRequiredStructEnabled())
+	}
+	if j.cfg.maxParallelism < 1 || j.cfg.maxParallelism > state.MaxMaxParallelism {
+		j.errorf("max parallelism %d outside [1, %d]", j.cfg.maxParallelism, state.MaxMaxParallelism)
+	}
+	if j.cfg.parallelism < 1 {
+		j.errorf("default parallelism %d < 1", j.cfg.parallelism)
+	}
+	return j
+}
+
+// Name returns the job's name.
+func (j *Job) Name() string { return j.name }
+
+func (j *Job) errorf(format string, args ...any) {
+	j.errs = append(j.errs, fmt.Errorf(format, args...))
+}
+
+// Status returns the running job's status (zero before Run).
+func (j *Job) Status() runtime.Status {
+	if j.engine == nil {
+		return runtime.Status{Job: j.name}
+	}
+	return j.engine.Status()
+}
+
+// node kinds.
+const (
+	kindSource    = "source"
+	kindMap       = "map"
+	kindFilter    = "filter"
+	kindFlatMap   = "flatmap"
+	kindUnion     = "union"
+	kindSide      = "side-output"
+	kindProcess   = "keyed-process"
+	kindReduce    = "reduce"
+	kindAggregate = "aggregate"
+	kindSink      = "sink"
+)
+
+// node is one operator of the graph. Its typed behaviour lives in closures
+// set by the generic constructors, so the graph itself is untyped.
+type node struct {
+	job    *Job
+	id     int
+	uid    string
+	kind   string
+	codecs string
+	inputs []*node
+	outs   []*node
+	sides  []*node // side-output nodes fed by this (keyed) node
+	policy Policy
+	retry  retryPolicy
+	stats  *runtime.OperatorStats
+
+	// exchange nodes (keyed, sink) start their own tasks; chained nodes run
+	// inside their producers' tasks.
+	exchange    bool
+	parallelism int
+	senders     int // tasks feeding this exchange node
+
+	// taskCount returns how many tasks the node runs (sources: splits;
+	// keyed: parallelism; sinks: 1); nil for chained nodes.
+	taskCount func(ctx context.Context, r *jobRun) (int, error)
+	// startTask builds one task's chain and registers it on the engine.
+	startTask func(r *jobRun, t *taskInfo) error
+	// buildInput returns the node's input as an emitFn[In] (chained nodes)
+	// or its exchange port for the builder's task (exchange nodes).
+	buildInput func(b *chainBuilder) (any, error)
+	// setup creates the node's inboxes once senders are counted.
+	setup func(r *jobRun) error
+	// restore runs before the tasks start (sink recovery).
+	restore func(ctx context.Context, r *jobRun) error
+}
+
+func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
+	n := &node{job: j, id: len(j.nodes), uid: uid, kind: kind, inputs: inputs, policy: j.cfg.defaultOperatorPol}
+	if uid == "" {
+		j.errorf("%s operator #%d has an empty UID", kind, n.id)
+	} else if _, dup := j.uids[uid]; dup {
+		j.errorf("duplicate UID %q", uid)
+	} else {
+		j.uids[uid] = n
+	}
+	for _, in := range inputs {
+		if in.job != j {
+			j.errorf("operator %q mixes streams of different jobs", uid)
+		}
+		in.outs = append(in.outs, n)
+	}
+	j.nodes = append(j.nodes, n)
+	return n
+}
+
+// Run executes the job and blocks until it ends. It returns nil when a
+// bounded job has processed all its input and taken its final checkpoint,
+// or when ctx was cancelled and the job stopped gracefully with a final
+// (stop) checkpoint; it returns an error on an invalid graph, a task failure
+// (a Fail policy, a sink error), or checkpoint failures beyond tolerance. A
+// job that failed resumes from its latest completed checkpoint when run
+// again in a new process (or with a new Job) on the same directory.
+func (j *Job) Run(ctx context.Context) error {
+	if j.ran {
+		return ErrRunTwice
+	}
+	j.ran = true
+	if err := j.validate(); err != nil {
+		return err
+	}
+	eng, err := runtime.New(runtime.Config{
+		Name:              j.name,
+		Dir:               j.cfg.dir,
+		Interval:          j.cfg.interval,
+		Timeout:           j.cfg.timeout,
+		MinPause:          j.cfg.minPause,
+		TolerableFailures: j.cfg.tolerable,
+		Fingerprint:       j.fingerprint(),
+		Logger:            j.cfg.logger,
+		Clock:             j.cfg.clock,
+		StatusAddr:        j.cfg.statusAddr,
+	})
+	if err != nil {
+		return err
+	}
+	j.engine = eng
+	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int)}
+	if err := r.plan(ctx); err != nil {
+		return errors.Join(err, eng.Close())
+	}
+	if j.cfg.onStatusAddr != nil {
+		j.cfg.onStatusAddr(eng.StatusAddr())
+	}
+	return eng.Run(ctx)
+}
+
+func (j *Job) validate() error {
+	errs := append([]error(nil), j.errs...)
+	for _, n := range j.nodes {
+		if n.exchange && n.kind != kindSink && (n.parallelism < 1 || n.parallelism > j.cfg.maxParallelism) {
+			errs = append(errs, fmt.Errorf("operator %q: parallelism %d outside [1, max parallelism %d]", n.uid, n.parallelism, j.cfg.maxParallelism))
+		}
+	}
+	if len(j.nodes) == 0 {
+		errs = append(errs, errors.New("the job has no operators"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalidGraph, errors.Join(errs...))
+	}
+	return nil
+}
+
+// fingerprint lists the keyed operators: their UIDs, kinds and codecs are
+// what a checkpoint's state depends on.
+func (j *Job) fingerprint() checkpoint.Fingerprint {
+	fp := checkpoint.Fingerprint{MaxParallelism: j.cfg.maxParallelism}
+	for _, n := range j.nodes {
+		switch n.kind {
+		case kindProcess, kindReduce, kindAggregate:
+			fp.Operators = append(fp.Operators, checkpoint.OperatorInfo{UID: n.uid, Kind: n.kind, Codecs: n.codecs})
+		}
+	}
+	return fp
+}
+
+// validatable reports whether T is a struct or a pointer to one (what
+// validator's Struct accepts).
+func validatable[T any]() bool {
+	t := reflect.TypeFor[T]()
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Struct
+}
+
+// Policy says what happens to a record that fails: decoding or validation
+// at a source, or a user function after its retries.
+type Policy struct {
+	kind policyKind
+	uid  string
+	sink sink.Sink[sink.DeadLetter]
+}
+
+type policyKind uint8
+
+const (
+	policyFail policyKind = iota
+	policySkip
+	policyDeadLetter
+)
+
+// Fail fails the job on a bad record (the default).
+func Fail() Policy { return Policy{kind: policyFail} }
+
+// Skip drops bad records, counting them in the operator's rejected-records
+// metric.
+func Skip() Policy { return Policy{kind: policySkip} }
+
+// DeadLetter sends bad records to s as sink.DeadLetter records. uid is the
+// dead-letter sink's operator UID; policies naming the same uid share one
+// sink (give them the same s).
+func DeadLetter(uid string, s sink.Sink[sink.DeadLetter]) Policy {
+	return Policy{kind: policyDeadLetter, uid: uid, sink: s}
+}
+
+// dlqNode returns (creating) the sink node of a dead-letter policy.
+func (j *Job) dlqNode(p Policy) *node {
+	if p.kind != policyDeadLetter {
+		return nil
+	}
+	if n, ok := j.dlqs[p.uid]; ok {
+		return n
+	}
+	if p.sink == nil {
+		j.errorf("dead-letter policy %q has a nil sink", p.uid)
+	}
+	n := newSinkNode(j, p.uid, p.sink)
+	j.dlqs[p.uid] = n
+	return n
+}

@@ -1,0 +1,749 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/runnel-dev/runnel/runtime"
+	"github.com/runnel-dev/runnel/state"
+)
+
+// KeyedStream is a stream partitioned by key: records with equal keys go to
+// the same keyed subtask (by key group) and share per-key state there.
+type KeyedStream[K comparable, T any] struct {
+	s     *Stream[T]
+	key   func(T) K
+	codec Codec[K]
+}
+
+// KeyBy partitions s by key. K must be string, int, int64, uint64, int32 or
+// uint32 (built-in key codecs); use KeyByCodec for other key types.
+func KeyBy[K comparable, T any](s *Stream[T], key func(T) K) *KeyedStream[K, T] {
+	c, ok := defaultKeyCodec[K]()
+	if !ok {
+		var z K
+		s.n.job.errorf("KeyBy after %q: no built-in codec for key type %T: use KeyByCodec", s.n.uid, z)
+	}
+	return &KeyedStream[K, T]{s: s, key: key, codec: c}
+}
+
+// KeyByCodec partitions s by key, encoding keys with codec (the encoding
+// decides the key group, so it must be deterministic and stable).
+func KeyByCodec[K comparable, T any](s *Stream[T], key func(T) K, codec Codec[K]) *KeyedStream[K, T] {
+	if codec == nil {
+		s.n.job.errorf("KeyByCodec after %q: nil codec", s.n.uid)
+	}
+	return &KeyedStream[K, T]{s: s, key: key, codec: codec}
+}
+
+func defaultKeyCodec[K comparable]() (Codec[K], bool) {
+	var z K
+	var c any
+	switch any(z).(type) {
+	case string:
+		c = state.StringCodec()
+	case int64:
+		c = state.Int64Codec()
+	case uint64:
+		c = state.Uint64Codec()
+	case int:
+		c = intCodec[int]{id: "int"}
+	case int32:
+		c = intCodec[int32]{id: "int32"}
+	case uint32:
+		c = intCodec[uint32]{id: "uint32"}
+	default:
+		return nil, false
+	}
+	kc, ok := c.(Codec[K])
+	return kc, ok
+}
+
+// intCodec encodes small integer types as 8 ordered big-endian bytes (the
+// same bytes as state.Int64Codec for the value).
+type intCodec[I int | int32 | uint32] struct{ id string }
+
+func (c intCodec[I]) Append(dst []byte, v I) ([]byte, error) {
+	return state.Int64Codec().Append(dst, int64(v))
+}
+
+func (c intCodec[I]) Decode(b []byte) (I, error) {
+	v, err := state.Int64Codec().Decode(b)
+	return I(v), err
+}
+
+func (c intCodec[I]) ID() string { return c.id }
+
+// krec is a record on a channel to a keyed subtask.
+type krec[K comparable, T any] struct {
+	k  K
+	v  T
+	ts int64
+}
+
+// keyedPort is one task's output to the subtasks of a keyed operator.
+type keyedPort[K comparable, T any] struct {
+	ins     []*inbox[krec[K, T]]
+	sender  int
+	pool    *sync.Pool
+	bufs    []*[]krec[K, T]
+	key     func(T) K
+	codec   Codec[K]
+	maxP    int
+	scratch []byte
+}
+
+func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
+	k := p.key(v)
+	kb, err := p.codec.Append(p.scratch[:0], k)
+	if err != nil {
+		return fmt.Errorf("pipeline: encode key: %w", err)
+	}
+	p.scratch = kb
+	sub := 0
+	if len(p.ins) > 1 {
+		sub = state.SubtaskOf(state.KeyGroup(kb, p.maxP), p.maxP, len(p.ins))
+	}
+	b := p.bufs[sub]
+	if b == nil {
+		b = getBatch[krec[K, T]](p.pool)
+		p.bufs[sub] = b
+	}
+	*b = append(*b, krec[K, T]{k: k, v: v, ts: ts})
+	if len(*b) >= batchSize {
+		p.bufs[sub] = nil
+		return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b})
+	}
+	return nil
+}
+
+func (p *keyedPort[K, T]) flush(ctx context.Context) error {
+	for i, b := range p.bufs {
+		if b == nil || len(*b) == 0 {
+			continue
+		}
+		p.bufs[i] = nil
+		if err := p.ins[i].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *keyedPort[K, T]) broadcast(ctx context.Context, m message[krec[K, T]]) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
+	for _, in := range p.ins {
+		if err := in.push(ctx, p.sender, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *keyedPort[K, T]) barrier(ctx context.Context, id uint64, stop bool) error {
+	return p.broadcast(ctx, message[krec[K, T]]{kind: msgBarrier, id: id, stop: stop})
+}
+
+func (p *keyedPort[K, T]) watermark(ctx context.Context, wm int64) error {
+	return p.broadcast(ctx, message[krec[K, T]]{kind: msgWatermark, wm: wm})
+}
+
+func (p *keyedPort[K, T]) end(ctx context.Context) error {
+	return p.broadcast(ctx, message[krec[K, T]]{kind: msgEOS})
+}
+
+// Timer is a timer firing in OnTimer.
+type Timer struct {
+	// Time is the timer's timestamp.
+	Time time.Time
+	// Domain is state.EventTime or state.ProcessingTime.
+	Domain state.TimeDomain
+}
+
+// OpenContext is given to KeyedProcessFunc.Open: register state handles on
+// Backend there.
+type OpenContext struct {
+	backend     *state.Backend
+	subtask     int
+	parallelism int
+	log         *slog.Logger
+}
+
+// Backend returns the subtask's keyed state backend (for state.NewValue and
+// the other handles). Handles are bound to the current key while the
+// function runs.
+func (o *OpenContext) Backend() *state.Backend { return o.backend }
+
+// Subtask returns the subtask's index.
+func (o *OpenContext) Subtask() int { return o.subtask }
+
+// Parallelism returns the operator's number of subtasks.
+func (o *OpenContext) Parallelism() int { return o.parallelism }
+
+// Logger returns the job's logger.
+func (o *OpenContext) Logger() *slog.Logger { return o.log }
+
+// KeyedContext is given to ProcessElement and OnTimer. It is valid only
+// during the call.
+type KeyedContext[K comparable, U any] struct {
+	ctx     context.Context
+	key     K
+	ts      int64
+	wm      int64
+	emit    emitFn[U]
+	timers  *state.Timers
+	backend *state.Backend
+	sides   map[string][]any
+	clock   func() time.Time
+	out     *counter
+}
+
+// Context returns the task's context (cancelled when the job fails).
+func (c *KeyedContext[K, U]) Context() context.Context { return c.ctx }
+
+// Key returns the current key.
+func (c *KeyedContext[K, U]) Key() K { return c.key }
+
+// Timestamp returns the event time of the current record, or the firing
+// timer's time in OnTimer.
+func (c *KeyedContext[K, U]) Timestamp() time.Time { return time.Unix(0, c.ts) }
+
+// Watermark returns the subtask's current event-time watermark.
+func (c *KeyedContext[K, U]) Watermark() time.Time {
+	if c.wm == math.MinInt64 {
+		return time.Time{}
+	}
+	return time.Unix(0, c.wm)
+}
+
+// Now returns the processing time (the job's clock).
+func (c *KeyedContext[K, U]) Now() time.Time { return c.clock() }
+
+// Backend returns the subtask's state backend.
+func (c *KeyedContext[K, U]) Backend() *state.Backend { return c.backend }
+
+// Emit sends v downstream with the current timestamp.
+func (c *KeyedContext[K, U]) Emit(v U) error {
+	c.out.out++
+	return c.emit(c.ctx, v, c.ts)
+}
+
+// EmitAt sends v downstream with event time ts.
+func (c *KeyedContext[K, U]) EmitAt(v U, ts time.Time) error {
+	c.out.out++
+	return c.emit(c.ctx, v, ts.UnixNano())
+}
+
+// RegisterEventTimer registers a timer for the current key that fires when
+// the watermark reaches t (or when the input ends).
+func (c *KeyedContext[K, U]) RegisterEventTimer(t time.Time) error {
+	return c.timers.Register(state.EventTime, t.UnixNano())
+}
+
+// DeleteEventTimer deletes the current key's event timer at t.
+func (c *KeyedContext[K, U]) DeleteEventTimer(t time.Time) error {
+	return c.timers.Delete(state.EventTime, t.UnixNano())
+}
+
+// RegisterProcessingTimer registers a timer for the current key that fires
+// when the job's clock reaches t.
+func (c *KeyedContext[K, U]) RegisterProcessingTimer(t time.Time) error {
+	return c.timers.Register(state.ProcessingTime, t.UnixNano())
+}
+
+// DeleteProcessingTimer deletes the current key's processing timer at t.
+func (c *KeyedContext[K, U]) DeleteProcessingTimer(t time.Time) error {
+	return c.timers.Delete(state.ProcessingTime, t.UnixNano())
+}
+
+// KeyedProcessFunc is a keyed operator's user code. Process creates one
+// instance per keyed subtask; the runtime calls its methods from that
+// subtask's goroutine only.
+type KeyedProcessFunc[K comparable, T, U any] interface {
+	// Open registers state handles (state.NewValue(ctx.Backend(), …)).
+	Open(ctx *OpenContext) error
+	// ProcessElement handles one record of the current key.
+	ProcessElement(ctx *KeyedContext[K, U], v T) error
+	// OnTimer handles a firing timer of the current key.
+	OnTimer(ctx *KeyedContext[K, U], t Timer) error
+}
+
+// ProcessFuncs adapts functions to a KeyedProcessFunc; nil functions do
+// nothing.
+type ProcessFuncs[K comparable, T, U any] struct {
+	OpenFn    func(ctx *OpenContext) error
+	ProcessFn func(ctx *KeyedContext[K, U], v T) error
+	TimerFn   func(ctx *KeyedContext[K, U], t Timer) error
+}
+
+// Open implements KeyedProcessFunc.
+func (f *ProcessFuncs[K, T, U]) Open(ctx *OpenContext) error {
+	if f.OpenFn == nil {
+		return nil
+	}
+	return f.OpenFn(ctx)
+}
+
+// ProcessElement implements KeyedProcessFunc.
+func (f *ProcessFuncs[K, T, U]) ProcessElement(ctx *KeyedContext[K, U], v T) error {
+	if f.ProcessFn == nil {
+		return nil
+	}
+	return f.ProcessFn(ctx, v)
+}
+
+// OnTimer implements KeyedProcessFunc.
+func (f *ProcessFuncs[K, T, U]) OnTimer(ctx *KeyedContext[K, U], t Timer) error {
+	if f.TimerFn == nil {
+		return nil
+	}
+	return f.TimerFn(ctx, t)
+}
+
+// OutputTag names a typed side output of a keyed operator.
+type OutputTag[X any] struct{ name string }
+
+// NewOutputTag returns the tag of a side output named name.
+func NewOutputTag[X any](name string) OutputTag[X] { return OutputTag[X]{name: name} }
+
+// Name returns the tag's name.
+func (t OutputTag[X]) Name() string { return t.name }
+
+// SideOutput selects the side output tag of the keyed operator producing s.
+func SideOutput[U, X any](s *Stream[U], tag OutputTag[X]) *Stream[X] {
+	j := s.n.job
+	switch s.n.kind {
+	case kindProcess, kindReduce, kindAggregate:
+	default:
+		j.errorf("SideOutput(%q, %q): only keyed operators have side outputs", s.n.uid, tag.name)
+	}
+	uid := s.n.uid + "#" + tag.name
+	if n, ok := j.uids[uid]; ok && n.kind == kindSide {
+		return &Stream[X]{n: n}
+	}
+	n := j.addNode(uid, kindSide)
+	n.inputs = []*node{s.n}
+	s.n.sides = append(s.n.sides, n)
+	n.codecs = tag.name
+	n.buildInput = func(b *chainBuilder) (any, error) {
+		return outputs[X](b, n.outs)
+	}
+	return &Stream[X]{n: n}
+}
+
+// EmitSide sends v to the side output tag.
+func EmitSide[K comparable, U, X any](ctx *KeyedContext[K, U], tag OutputTag[X], v X) error {
+	for _, f := range ctx.sides[tag.name] {
+		fn, ok := f.(emitFn[X])
+		if !ok {
+			return fmt.Errorf("pipeline: side output %q has another type", tag.name)
+		}
+		if err := fn(ctx.ctx, v, ctx.ts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Process runs a keyed process function: newFn is called once per keyed
+// subtask to create its instance.
+func Process[K comparable, T, U any](k *KeyedStream[K, T], uid string, newFn func() KeyedProcessFunc[K, T, U], opts ...OperatorOption) *Stream[U] {
+	return keyedOp(k, uid, kindProcess, "", newFn, opts)
+}
+
+// Reduce keeps, per key, the reduction of the records so far with fn
+// (fn(acc, v)) and emits the new value after each record. The state codec
+// is JSON unless StateCodec[T] is given.
+func Reduce[K comparable, T any](k *KeyedStream[K, T], uid string, fn func(ctx context.Context, acc, v T) (T, error), opts ...OperatorOption) *Stream[T] {
+	var cfg opConfig
+	for _, o := range opts {
+		o.applyOp(&cfg)
+	}
+	codec := JSON[T]()
+	if cfg.stateCodec != nil {
+		c, ok := cfg.stateCodec.(Codec[T])
+		if !ok {
+			k.s.n.job.errorf("Reduce %q: StateCodec type %T does not match the record type", uid, cfg.stateCodec)
+		} else {
+			codec = c
+		}
+	}
+	newFn := func() KeyedProcessFunc[K, T, T] { return &reduceFunc[K, T]{fn: fn, codec: codec} }
+	return keyedOp(k, uid, kindReduce, "value="+codec.ID(), newFn, opts)
+}
+
+type reduceFunc[K comparable, T any] struct {
+	fn    func(ctx context.Context, acc, v T) (T, error)
+	codec Codec[T]
+	v     *state.Value[T]
+}
+
+func (r *reduceFunc[K, T]) Open(ctx *OpenContext) (err error) {
+	r.v, err = state.NewValue(ctx.Backend(), "reduce", r.codec)
+	return err
+}
+
+func (r *reduceFunc[K, T]) ProcessElement(ctx *KeyedContext[K, T], v T) error {
+	acc, ok, err := r.v.Get()
+	if err != nil {
+		return err
+	}
+	if ok {
+		if v, err = r.fn(ctx.ctx, acc, v); err != nil {
+			return err
+		}
+	}
+	if err := r.v.Set(v); err != nil {
+		return err
+	}
+	return ctx.Emit(v)
+}
+
+func (r *reduceFunc[K, T]) OnTimer(*KeyedContext[K, T], Timer) error { return nil }
+
+// Aggregate folds the records of each key with agg and emits the result
+// after each record. The accumulator codec is JSON unless StateCodec[ACC] is
+// given.
+func Aggregate[K comparable, T, ACC, OUT any](k *KeyedStream[K, T], uid string, agg state.Aggregator[T, ACC, OUT], opts ...OperatorOption) *Stream[OUT] {
+	var cfg opConfig
+	for _, o := range opts {
+		o.applyOp(&cfg)
+	}
+	codec := JSON[ACC]()
+	if cfg.stateCodec != nil {
+		c, ok := cfg.stateCodec.(Codec[ACC])
+		if !ok {
+			k.s.n.job.errorf("Aggregate %q: StateCodec type %T does not match the accumulator type", uid, cfg.stateCodec)
+		} else {
+			codec = c
+		}
+	}
+	newFn := func() KeyedProcessFunc[K, T, OUT] { return &aggregateFunc[K, T, ACC, OUT]{agg: agg, codec: codec} }
+	return keyedOp(k, uid, kindAggregate, "acc="+codec.ID(), newFn, opts)
+}
+
+type aggregateFunc[K comparable, T, ACC, OUT any] struct {
+	agg   state.Aggregator[T, ACC, OUT]
+	codec Codec[ACC]
+	st    *state.Aggregating[T, ACC, OUT]
+}
+
+func (a *aggregateFunc[K, T, ACC, OUT]) Open(ctx *OpenContext) (err error) {
+	a.st, err = state.NewAggregating(ctx.Backend(), "aggregate", a.codec, a.agg)
+	return err
+}
+
+func (a *aggregateFunc[K, T, ACC, OUT]) ProcessElement(ctx *KeyedContext[K, OUT], v T) error {
+	if err := a.st.Add(v); err != nil {
+		return err
+	}
+	out, _, err := a.st.Get()
+	if err != nil {
+		return err
+	}
+	return ctx.Emit(out)
+}
+
+func (a *aggregateFunc[K, T, ACC, OUT]) OnTimer(*KeyedContext[K, OUT], Timer) error { return nil }
+
+// keyedOp adds a keyed operator node.
+func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodecs string, newFn func() KeyedProcessFunc[K, T, U], opts []OperatorOption) *Stream[U] {
+	j := k.s.n.job
+	n := j.addNode(uid, kind, k.s.n)
+	cfg := applyOps(n, opts)
+	n.exchange = true
+	n.parallelism = j.cfg.parallelism
+	if cfg.parallelism != 0 {
+		n.parallelism = cfg.parallelism
+	}
+	if newFn == nil {
+		j.errorf("keyed operator %q: nil function constructor", uid)
+	}
+	if k.codec != nil {
+		n.codecs = "key=" + k.codec.ID()
+	}
+	if stateCodecs != "" {
+		n.codecs += ";" + stateCodecs
+	}
+	pool := newBatchPool[krec[K, T]]()
+	var ins []*inbox[krec[K, T]]
+	n.setup = func(*jobRun) error {
+		ins = make([]*inbox[krec[K, T]], n.parallelism)
+		for i := range ins {
+			ins[i] = newInbox[krec[K, T]](n.senders, pool)
+		}
+		return nil
+	}
+	n.buildInput = func(b *chainBuilder) (any, error) {
+		s, err := b.sender(n)
+		if err != nil {
+			return nil, err
+		}
+		p := &keyedPort[K, T]{ins: ins, sender: s, pool: pool, bufs: make([]*[]krec[K, T], len(ins)),
+			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism}
+		b.addPort(p)
+		return emitFn[T](p.emit), nil
+	}
+	n.taskCount = func(context.Context, *jobRun) (int, error) { return n.parallelism, nil }
+	n.startTask = func(r *jobRun, t *taskInfo) error {
+		b := newChainBuilder(r, t)
+		emit, err := outputs[U](b, n.outs)
+		if err != nil {
+			return err
+		}
+		sides := make(map[string][]any)
+		for _, sn := range n.sides {
+			in, err := b.input(sn)
+			if err != nil {
+				return err
+			}
+			sides[sn.codecs] = append(sides[sn.codecs], in)
+		}
+		kt := &keyedTask[K, T, U]{
+			n: n, j: j, sub: t.subtask, in: ins[t.subtask], codec: k.codec, newFn: newFn,
+			b: b, emit: emit, sides: sides, reject: b.rejecter(n), store: r,
+		}
+		_, err = r.engine.AddTask(fmt.Sprintf("%s/%d", uid, t.subtask), runtime.OperatorTask, kt.run)
+		return err
+	}
+	return &Stream[U]{n: n}
+}
+
+// keyedTask is one subtask of a keyed operator.
+type keyedTask[K comparable, T, U any] struct {
+	n      *node
+	j      *Job
+	sub    int
+	in     *inbox[krec[K, T]]
+	codec  Codec[K]
+	newFn  func() KeyedProcessFunc[K, T, U]
+	b      *chainBuilder
+	emit   emitFn[U]
+	sides  map[string][]any
+	reject func(ctx context.Context, err error, v any, ts int64) error
+	store  *jobRun
+
+	backend *state.Backend
+	timers  *state.Timers
+	kctx    *KeyedContext[K, U]
+	fn      KeyedProcessFunc[K, T, U]
+	onTimer func(*KeyedContext[K, U], Timer) error
+	scratch []byte
+}
+
+const timerStateName = "runnel.timers"
+
+func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", ErrPanic, p)
+		}
+	}()
+	eng := kt.store.engine
+	maxP := kt.j.cfg.maxParallelism
+	start, end := state.KeyGroupRange(maxP, kt.n.parallelism, kt.sub)
+	kt.backend, err = state.NewBackend(eng.Store(), kt.n.uid, maxP, state.WithKeyGroupRange(start, end))
+	if err != nil {
+		return err
+	}
+	if kt.timers, err = state.NewTimers(kt.backend, timerStateName); err != nil {
+		return err
+	}
+	kt.fn = kt.newFn()
+	oc := &OpenContext{backend: kt.backend, subtask: kt.sub, parallelism: kt.n.parallelism, log: kt.j.cfg.logger}
+	if err := protectErr(func(f KeyedProcessFunc[K, T, U], oc *OpenContext) error { return f.Open(oc) }, kt.fn, oc); err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	if c, ok := kt.fn.(interface{ Close() error }); ok {
+		defer func() {
+			if cerr := c.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("close: %w", cerr)
+			}
+		}()
+	}
+	cnt := kt.b.counter(kt.n)
+	kt.kctx = &KeyedContext[K, U]{ctx: ctx, wm: math.MinInt64, emit: kt.emit, timers: kt.timers, backend: kt.backend,
+		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt}
+	process := kt.fn.ProcessElement
+	kt.onTimer = kt.fn.OnTimer
+	ports := kt.b.ports
+	senders := kt.n.senders
+	al := newAligner(senders)
+	wms := make([]int64, senders)
+	for i := range wms {
+		wms[i] = math.MinInt64
+	}
+	procTimer := time.NewTimer(time.Hour)
+	procTimer.Stop()
+	defer procTimer.Stop()
+	var notes []runtime.Note
+	onNote := func(n runtime.Note) error {
+		if n.Completed {
+			kt.backend.Committed(n.ID)
+		} else {
+			kt.backend.Aborted(n.ID)
+		}
+		return nil
+	}
+	snapshot := func(id uint64) (runtime.Ack, error) {
+		return runtime.Ack{Part: kt.backend.Snapshot(id)}, nil
+	}
+	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
+	aligned := func() (bool, error) {
+		if err := flushPorts(ctx, ports); err != nil {
+			return false, err
+		}
+		kt.b.flushCounters()
+		a, _ := snapshot(al.done)
+		h.Ack(al.done, a)
+		if err := barrierPorts(ctx, ports, al.done, al.maxStop); err != nil {
+			return false, err
+		}
+		kt.in.unblockAll()
+		return al.maxStop, nil
+	}
+	advance := func() error {
+		wm := int64(math.MaxInt64)
+		for s, w := range wms {
+			if !al.eos[s] {
+				wm = min(wm, w)
+			}
+		}
+		if wm <= kt.kctx.wm {
+			return nil
+		}
+		kt.kctx.wm = wm
+		if err := kt.fire(ctx, state.EventTime, wm); err != nil {
+			return err
+		}
+		if wm == math.MaxInt64 {
+			return nil // the end of input: forwarded as EOS
+		}
+		return watermarkPorts(ctx, ports, wm)
+	}
+	idle := func() error {
+		kt.b.flushCounters()
+		return flushPorts(ctx, ports)
+	}
+	for {
+		var timerC <-chan time.Time
+		if kt.timers.Len(state.ProcessingTime) > 0 {
+			next, _ := kt.timers.NextTimestamp(state.ProcessingTime)
+			d := min(time.Duration(next-kt.j.cfg.clock().UnixNano()), 50*time.Millisecond)
+			if d <= 0 {
+				if err := kt.fire(ctx, state.ProcessingTime, kt.j.cfg.clock().UnixNano()); err != nil {
+					return err
+				}
+				continue
+			}
+			procTimer.Reset(d)
+			timerC = procTimer.C
+		}
+		s, m, res, err := kt.in.pop(ctx, h.Wake(), timerC, idle)
+		if timerC != nil {
+			procTimer.Stop()
+		}
+		switch res {
+		case popWake:
+			notes = h.Notes(notes[:0])
+			for _, n := range notes {
+				_ = onNote(n) // never fails
+			}
+			continue
+		case popTimer:
+			continue // the loop head fires due processing timers
+		case popDone:
+			return err
+		}
+		switch m.kind {
+		case msgData:
+			batch := *m.batch
+			for i := range batch {
+				r := &batch[i]
+				kb, err := kt.codec.Append(kt.scratch[:0], r.k)
+				if err != nil {
+					return fmt.Errorf("encode key: %w", err)
+				}
+				kt.scratch = kb
+				kt.backend.SetCurrentKey(kb)
+				kt.kctx.key, kt.kctx.ts = r.k, r.ts
+				cnt.in++
+				if err := callErr(ctx, kt.n.retry, process, kt.kctx, r.v); err != nil {
+					if err := kt.reject(ctx, err, r.v, r.ts); err != nil {
+						return err
+					}
+				}
+			}
+			putBatch(kt.in.pool, m.batch)
+		case msgWatermark:
+			if m.wm > wms[s] {
+				wms[s] = m.wm
+				if err := advance(); err != nil {
+					return err
+				}
+			}
+		case msgBarrier:
+			if al.barrier(s, m.id, m.stop, kt.in.block, kt.in.unblock) {
+				stop, err := aligned()
+				if err != nil {
+					return err
+				}
+				if stop {
+					return finish()
+				}
+			}
+		case msgEOS:
+			if al.end(s) {
+				stop, err := aligned()
+				if err != nil {
+					return err
+				}
+				if stop {
+					return finish()
+				}
+			}
+			if al.allEnded() {
+				if err := advance(); err != nil { // fires every event timer
+					return err
+				}
+				if err := idle(); err != nil {
+					return err
+				}
+				if err := endPorts(ctx, ports); err != nil {
+					return err
+				}
+				return finish()
+			}
+			if err := advance(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// fire runs the due timers of domain d up to upTo.
+func (kt *keyedTask[K, T, U]) fire(ctx context.Context, d state.TimeDomain, upTo int64) error {
+	for t, err := range kt.timers.Due(d, upTo) {
+		if err != nil {
+			return err
+		}
+		k, err := kt.codec.Decode(t.Key)
+		if err != nil {
+			return fmt.Errorf("decode timer key: %w", err)
+		}
+		kt.backend.SetCurrentKeyGroup(t.Key, t.KeyGroup)
+		kt.kctx.key, kt.kctx.ts = k, t.Timestamp
+		if err := callErr(ctx, kt.n.retry, kt.onTimer, kt.kctx, Timer{Time: time.Unix(0, t.Timestamp), Domain: d}); err != nil {
+			if err := kt.reject(ctx, err, t, t.Timestamp); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

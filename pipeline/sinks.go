@@ -1,0 +1,264 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/backoff"
+	"github.com/runnel-dev/runnel/runtime"
+	"github.com/runnel-dev/runnel/sink"
+)
+
+// rec is a record on a channel to a sink.
+type rec[T any] struct {
+	v  T
+	ts int64
+}
+
+// sinkPort is one task's output to a sink task.
+type sinkPort[T any] struct {
+	in     *inbox[rec[T]]
+	sender int
+	pool   *sync.Pool
+	buf    *[]rec[T]
+}
+
+func (p *sinkPort[T]) emit(ctx context.Context, v T, ts int64) error {
+	if p.buf == nil {
+		p.buf = getBatch[rec[T]](p.pool)
+	}
+	*p.buf = append(*p.buf, rec[T]{v: v, ts: ts})
+	if len(*p.buf) >= batchSize {
+		return p.flush(ctx)
+	}
+	return nil
+}
+
+func (p *sinkPort[T]) flush(ctx context.Context) error {
+	if p.buf == nil || len(*p.buf) == 0 {
+		return nil
+	}
+	b := p.buf
+	p.buf = nil
+	return p.in.push(ctx, p.sender, message[rec[T]]{kind: msgData, batch: b})
+}
+
+func (p *sinkPort[T]) barrier(ctx context.Context, id uint64, stop bool) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
+	return p.in.push(ctx, p.sender, message[rec[T]]{kind: msgBarrier, id: id, stop: stop})
+}
+
+// watermark is not forwarded to sinks: they have no timers.
+func (p *sinkPort[T]) watermark(context.Context, int64) error { return nil }
+
+func (p *sinkPort[T]) end(ctx context.Context) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
+	return p.in.push(ctx, p.sender, message[rec[T]]{kind: msgEOS})
+}
+
+// sinkRetry is how often the runtime retries a failing sink call before it
+// fails the job (Write, Flush, PreCommit) or gives up until the next
+// notification (Commit).
+var sinkRetry = retryPolicy{attempts: 3, backoff: backoff.Policy{Initial: 10 * time.Millisecond, Max: time.Second}}
+
+func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *node {
+	n := j.addNode(uid, kindSink, inputs...)
+	n.exchange = true
+	if sk == nil {
+		j.errorf("sink %q is nil", uid)
+	}
+	tpc, _ := sk.(sink.TwoPhaseCommit[T])
+	pool := newBatchPool[rec[T]]()
+	var in *inbox[rec[T]]
+	n.setup = func(*jobRun) error {
+		in = newInbox[rec[T]](n.senders, pool)
+		return nil
+	}
+	n.buildInput = func(b *chainBuilder) (any, error) {
+		s, err := b.sender(n)
+		if err != nil {
+			return nil, err
+		}
+		p := &sinkPort[T]{in: in, sender: s, pool: pool}
+		b.addPort(p)
+		return emitFn[T](p.emit), nil
+	}
+	n.taskCount = func(context.Context, *jobRun) (int, error) { return 1, nil }
+	if tpc != nil {
+		n.restore = func(ctx context.Context, r *jobRun) error {
+			all, err := r.engine.Store().PendingCommits()
+			if err != nil {
+				return err
+			}
+			var mine []checkpoint.PendingCommit
+			var data [][]byte
+			for _, pc := range all {
+				if pc.SinkUID == uid {
+					mine = append(mine, pc)
+					data = append(data, pc.Data)
+				}
+			}
+			if err := tpc.Recover(ctx, data); err != nil {
+				return fmt.Errorf("recover: %w", err)
+			}
+			for _, pc := range mine {
+				if err := callErr(ctx, sinkRetry, tpc.Commit, ctx, pc.Data); err != nil {
+					return fmt.Errorf("commit pending transaction of checkpoint %d: %w", pc.CheckpointID, err)
+				}
+			}
+			r.engine.Resolved(mine...)
+			return nil
+		}
+	}
+	n.startTask = func(r *jobRun, t *taskInfo) error {
+		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, in: in, log: r.engine.Logger()}
+		_, err := r.engine.AddTask(uid, runtime.SinkTask, st.run)
+		return err
+	}
+	return n
+}
+
+type sinkTask[T any] struct {
+	n       *node
+	uid     string
+	sk      sink.Sink[T]
+	tpc     sink.TwoPhaseCommit[T]
+	in      *inbox[rec[T]]
+	pending []checkpoint.PendingCommit
+	log     interface {
+		Warn(msg string, args ...any)
+	}
+}
+
+func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, error) {
+	if st.tpc == nil {
+		flush := func(ctx context.Context, _ struct{}) error { return st.sk.Flush(ctx) }
+		if err := callErr(ctx, sinkRetry, flush, ctx, struct{}{}); err != nil {
+			return runtime.Ack{}, fmt.Errorf("sink %q: flush: %w", st.uid, err)
+		}
+		return runtime.Ack{}, nil
+	}
+	txn, err := call(ctx, sinkRetry, st.tpc.PreCommit, ctx, id)
+	if err != nil {
+		return runtime.Ack{}, fmt.Errorf("sink %q: pre-commit %d: %w", st.uid, id, err)
+	}
+	pc := checkpoint.PendingCommit{SinkUID: st.uid, CheckpointID: id, Data: txn}
+	st.pending = append(st.pending, pc)
+	return runtime.Ack{Pending: []checkpoint.PendingCommit{pc}}, nil
+}
+
+// onNote commits, after checkpoint n completed, every transaction
+// pre-committed for a checkpoint up to n (failed checkpoints' transactions
+// ride along with the next one).
+func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.Note) error {
+	if !n.Completed || st.tpc == nil {
+		return nil
+	}
+	kept := st.pending[:0]
+	for _, pc := range st.pending {
+		if pc.CheckpointID > n.ID {
+			kept = append(kept, pc)
+			continue
+		}
+		if err := callErr(ctx, sinkRetry, st.tpc.Commit, ctx, pc.Data); err != nil {
+			st.log.Warn("sink commit failed; retried after the next checkpoint and on restore", "sink", st.uid, "checkpoint", pc.CheckpointID, "err", err)
+			kept = append(kept, pc)
+			continue
+		}
+		h.Resolved(pc)
+	}
+	st.pending = kept
+	return nil
+}
+
+func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", ErrPanic, p)
+		}
+		if cerr := st.sk.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("sink %q: close: %w", st.uid, cerr)
+		}
+	}()
+	cnt := &counter{stats: st.n.stats}
+	al := newAligner(st.n.senders)
+	var notes []runtime.Note
+	onNote := func(n runtime.Note) error { return st.onNote(ctx, h, n) }
+	snapshot := func(id uint64) (runtime.Ack, error) { return st.snapshot(ctx, id) }
+	finish := func() error {
+		if err := finishedLoop(ctx, h, snapshot, onNote); err != nil {
+			return err
+		}
+		if len(st.pending) > 0 {
+			return fmt.Errorf("sink %q: %d transactions could not be committed (they stay pending in the checkpoint)", st.uid, len(st.pending))
+		}
+		return nil
+	}
+	aligned := func() (bool, error) {
+		a, err := st.snapshot(ctx, al.done)
+		if err != nil {
+			return false, err
+		}
+		h.Ack(al.done, a)
+		st.in.unblockAll()
+		return al.maxStop, nil
+	}
+	idle := func() error { cnt.flush(); return nil }
+	write := st.sk.Write
+	for {
+		s, m, res, err := st.in.pop(ctx, h.Wake(), nil, idle)
+		switch res {
+		case popWake:
+			notes = h.Notes(notes[:0])
+			for _, n := range notes {
+				if err := onNote(n); err != nil {
+					return err
+				}
+			}
+			continue
+		case popDone, popTimer:
+			return err
+		}
+		switch m.kind {
+		case msgData:
+			for i := range *m.batch {
+				cnt.in++
+				if err := callErr(ctx, sinkRetry, write, ctx, (*m.batch)[i].v); err != nil {
+					return fmt.Errorf("sink %q: write: %w", st.uid, err)
+				}
+			}
+			putBatch(st.in.pool, m.batch)
+		case msgBarrier:
+			if al.barrier(s, m.id, m.stop, st.in.block, st.in.unblock) {
+				stop, err := aligned()
+				if err != nil {
+					return err
+				}
+				if stop {
+					return finish()
+				}
+			}
+		case msgEOS:
+			if al.end(s) {
+				stop, err := aligned()
+				if err != nil {
+					return err
+				}
+				if stop {
+					return finish()
+				}
+			}
+			if al.allEnded() {
+				cnt.flush()
+				return finish()
+			}
+		}
+	}
+}

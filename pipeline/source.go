@@ -1,0 +1,288 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/runtime"
+	"github.com/runnel-dev/runnel/source"
+)
+
+// SourceOption configures a source.
+type SourceOption interface{ applySource(*sourceConfig) }
+
+type sourceOptionFunc func(*sourceConfig)
+
+func (f sourceOptionFunc) applySource(c *sourceConfig) { f(c) }
+
+type sourceConfig struct {
+	policy     *Policy
+	validate   *bool
+	outOfOrder time.Duration
+	noWM       bool
+}
+
+// OnBadRecord sets the source's policy for records that fail to decode or
+// validate (default Fail).
+func OnBadRecord(p Policy) SourceOption {
+	return sourceOptionFunc(func(c *sourceConfig) { c.policy = &p })
+}
+
+// Validate turns go-playground/validator struct-tag validation of decoded
+// records on or off. It is on by default for FromBytes and
+// FromSourceDecoded when the record type is a struct (or a pointer to one),
+// off for FromSource.
+func Validate(on bool) SourceOption {
+	return sourceOptionFunc(func(c *sourceConfig) { c.validate = &on })
+}
+
+// Watermarks sets how far out of event-time order records may arrive: the
+// source's watermark is the largest event time seen minus maxOutOfOrder
+// (default 0: records are in order per split).
+func Watermarks(maxOutOfOrder time.Duration) SourceOption {
+	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
+}
+
+// NoWatermarks disables the source's watermarks (event-time timers then
+// fire only when the input ends).
+func NoWatermarks() SourceOption { return sourceOptionFunc(func(c *sourceConfig) { c.noWM = true }) }
+
+// FromSource adds a typed source. It runs one task per split.
+func FromSource[T any](job *Job, uid string, src source.Source[T], opts ...SourceOption) *Stream[T] {
+	return fromSource(job, uid, src, func(v T) (T, error) { return v, nil }, nil, false, opts)
+}
+
+// FromBytes adds a source of encoded records, decoded with codec (JSON[T]()
+// for JSON) and then validated; records that fail either go to the source's
+// bad-record policy with the raw bytes, split and offset.
+func FromBytes[T any](job *Job, uid string, src source.Source[[]byte], codec Codec[T], opts ...SourceOption) *Stream[T] {
+	if codec == nil {
+		job.errorf("source %q: nil codec", uid)
+	}
+	return fromSource(job, uid, src, func(b []byte) (T, error) { return codec.Decode(b) }, func(b []byte) []byte { return b }, true, opts)
+}
+
+// FromSourceDecoded adds a source of S records converted to T by decode
+// (and then validated), e.g. broker messages to events. A decode error goes
+// to the source's bad-record policy.
+func FromSourceDecoded[S, T any](job *Job, uid string, src source.Source[S], decode func(S) (T, error), opts ...SourceOption) *Stream[T] {
+	if decode == nil {
+		job.errorf("source %q: nil decode function", uid)
+	}
+	return fromSource(job, uid, src, decode, nil, true, opts)
+}
+
+func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(S) (T, error), rawOf func(S) []byte, validateDefault bool, opts []SourceOption) *Stream[T] {
+	n := j.addNode(uid, kindSource)
+	var cfg sourceConfig
+	for _, o := range opts {
+		o.applySource(&cfg)
+	}
+	n.policy = j.cfg.defaultSourcePol
+	if cfg.policy != nil {
+		n.policy = *cfg.policy
+	}
+	j.dlqNode(n.policy)
+	validate := validateDefault
+	if cfg.validate != nil {
+		validate = *cfg.validate
+	}
+	validate = validate && validatable[T]()
+	if src == nil {
+		j.errorf("source %q is nil", uid)
+	}
+	var splits []source.Split
+	n.taskCount = func(ctx context.Context, _ *jobRun) (int, error) {
+		var err error
+		if splits, err = src.Splits(ctx); err != nil {
+			return 0, err
+		}
+		seen := make(map[string]bool, len(splits))
+		for _, s := range splits {
+			if seen[s.ID] {
+				return 0, fmt.Errorf("duplicate split %q", s.ID)
+			}
+			seen[s.ID] = true
+		}
+		return len(splits), nil
+	}
+	n.startTask = func(r *jobRun, t *taskInfo) error {
+		split := splits[t.subtask]
+		b := newChainBuilder(r, t)
+		b.meta.source, b.meta.split = uid, split.ID
+		emit, err := outputs[T](b, n.outs)
+		if err != nil {
+			return err
+		}
+		st := &sourceTask[S, T]{
+			job: j, src: src, split: split, decode: decode, rawOf: rawOf, validate: validate,
+			key: checkpoint.SplitKey(uid, split.ID), restored: r.engine.RestoredOffset(uid, split.ID),
+			b: b, emit: emit, cnt: b.counter(n), reject: b.rejecterFor(n, uid, n.policy),
+			outOfOrder: cfg.outOfOrder.Nanoseconds(), watermarks: !cfg.noWM,
+			log: r.engine.Logger(),
+		}
+		_, err = r.engine.AddTask(uid+"/"+split.ID, runtime.SourceTask, st.run)
+		return err
+	}
+	return &Stream[T]{n: n}
+}
+
+type sourceTask[S, T any] struct {
+	job        *Job
+	src        source.Source[S]
+	split      source.Split
+	decode     func(S) (T, error)
+	rawOf      func(S) []byte
+	validate   bool
+	key        string
+	restored   []byte
+	b          *chainBuilder
+	emit       emitFn[T]
+	cnt        *counter
+	reject     func(ctx context.Context, err error, v any, ts int64) error
+	outOfOrder int64
+	watermarks bool
+	log        interface {
+		Warn(msg string, args ...any)
+	}
+}
+
+func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", ErrPanic, p)
+		}
+	}()
+	reader, err := st.src.Open(ctx, st.split, st.restored)
+	if err != nil {
+		return fmt.Errorf("open split %s: %w", st.split.ID, err)
+	}
+	defer func() {
+		if cerr := reader.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close split %s: %w", st.split.ID, cerr)
+		}
+	}()
+	defer h.ReleasePollContext()
+	ports := st.b.ports
+	faulty := st.job.cfg.faults.OffsetsBeforeState
+	var prevOffset []byte
+	offsets := func() map[string][]byte {
+		off := reader.Offset()
+		if faulty && prevOffset != nil {
+			off = prevOffset
+		}
+		return map[string][]byte{st.key: off}
+	}
+	onNote := func(n runtime.Note) error {
+		if n.Completed {
+			if err := reader.NotifyCheckpointComplete(ctx, n.ID); err != nil {
+				st.log.Warn("source checkpoint notification failed", "split", st.key, "checkpoint", n.ID, "err", err)
+			}
+		}
+		return nil
+	}
+	snapshot := func(uint64) (runtime.Ack, error) { return runtime.Ack{Offsets: offsets()}, nil }
+	var notes []runtime.Note
+	wm, maxTs := int64(math.MinInt64), int64(math.MinInt64)
+	for {
+		notes = h.Notes(notes[:0])
+		for _, n := range notes {
+			_ = onNote(n) // never fails
+		}
+		if id, stop, ok := h.Trigger(); ok {
+			if err := flushPorts(ctx, ports); err != nil {
+				return err
+			}
+			h.Ack(id, runtime.Ack{Offsets: offsets()})
+			if err := barrierPorts(ctx, ports, id, stop); err != nil {
+				return err
+			}
+			if stop {
+				return finishedLoop(ctx, h, snapshot, onNote)
+			}
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if faulty {
+			prevOffset = reader.Offset()
+		}
+		pctx := h.PollContext(ctx)
+		recs, perr := reader.Poll(pctx, batchSize)
+		if len(recs) > 0 {
+			if err := st.process(ctx, recs, &maxTs); err != nil {
+				return err
+			}
+			if err := flushPorts(ctx, ports); err != nil {
+				return err
+			}
+			if st.watermarks && maxTs != math.MinInt64 && maxTs-st.outOfOrder-1 > wm {
+				wm = maxTs - st.outOfOrder - 1
+				if err := watermarkPorts(ctx, ports, wm); err != nil {
+					return err
+				}
+			}
+		}
+		switch {
+		case perr == nil:
+		case errors.Is(perr, source.ErrEndOfSplit):
+			if err := endPorts(ctx, ports); err != nil {
+				return err
+			}
+			return finishedLoop(ctx, h, snapshot, onNote)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case pctx.Err() != nil:
+			// Poll interrupted to let the task inject a barrier or read notes.
+		default:
+			return fmt.Errorf("poll split %s: %w", st.split.ID, perr)
+		}
+	}
+}
+
+func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S], maxTs *int64) error {
+	var now int64
+	b := st.b
+	for i := range recs {
+		rec := &recs[i]
+		var ts int64
+		if rec.EventTime.IsZero() {
+			if now == 0 {
+				now = st.job.cfg.clock().UnixNano()
+			}
+			ts = now
+		} else {
+			ts = rec.EventTime.UnixNano()
+		}
+		*maxTs = max(*maxTs, ts)
+		b.meta.offset, b.meta.raw = rec.Offset, rec.Raw
+		st.cnt.in++
+		if st.rawOf != nil && b.meta.raw == nil {
+			b.meta.raw = st.rawOf(rec.Value)
+		}
+		v, err := st.decode(rec.Value)
+		if err == nil && st.validate {
+			if verr := st.job.cfg.validatorInstance.Struct(v); verr != nil {
+				err = fmt.Errorf("invalid record: %w", verr)
+			}
+		}
+		if err != nil {
+			if err := st.reject(ctx, err, rec.Value, ts); err != nil {
+				return err
+			}
+			continue
+		}
+		st.cnt.out++
+		if err := st.emit(ctx, v, ts); err != nil {
+			return err
+		}
+	}
+	b.meta.offset, b.meta.raw = nil, nil
+	b.flushCounters()
+	return nil
+}

@@ -1,0 +1,94 @@
+// Package sink defines runnel's sink contracts and the basic sinks (Stdout,
+// Func, KV).
+//
+// # Contracts
+//
+// A Sink[T] receives records through Write and is flushed at every checkpoint
+// barrier: once Flush returns, everything written before it must be durable
+// or visible downstream. Combined with replay after a crash this gives
+// at-least-once output, and exactly-once effect when writes are idempotent
+// (see KV).
+//
+// A TwoPhaseCommit[T] sink gives exactly-once output on a transactional
+// system. Records of epoch n (between barriers n-1 and n) go into an open
+// transaction; at barrier n the runtime calls PreCommit, which seals the
+// transaction and returns an opaque description that the runtime stores in
+// checkpoint n. Only after checkpoint n is durable does the runtime call
+// Commit for it. Commit must be idempotent and tolerate skipped
+// notifications: after a crash the runtime calls Recover with every pending
+// transaction of the latest completed checkpoint and then Commit for each of
+// them again, so a transaction may be committed twice, or committed by a new
+// process that never saw PreCommit. If a checkpoint fails, its pre-committed
+// transactions stay pending and are committed with the next checkpoint that
+// completes (their records are not replayed). Abort is called for
+// transactions the runtime knows will never be committed.
+//
+// The runtime calls every method of a sink from one goroutine (the sink's
+// task), so implementations need no locking of their own unless they share
+// state with other goroutines.
+package sink
+
+import (
+	"context"
+	"time"
+)
+
+// Sink is a checkpoint-aware output. Write and Flush may block (backpressure
+// reaches the job) and must honour ctx.
+type Sink[T any] interface {
+	// Write hands one record to the sink.
+	Write(ctx context.Context, v T) error
+	// Flush makes every record written so far durable or visible. The
+	// runtime calls it at each checkpoint barrier and before a graceful stop.
+	// TwoPhaseCommit sinks get PreCommit instead.
+	Flush(ctx context.Context) error
+	// Close releases the sink; it is called once, after the last Flush or
+	// Commit.
+	Close() error
+}
+
+// TwoPhaseCommit is a Sink whose output becomes visible only when the
+// checkpoint covering it is durable. See the package documentation for the
+// protocol.
+type TwoPhaseCommit[T any] interface {
+	Sink[T]
+	// PreCommit seals the records written since the previous PreCommit into a
+	// transaction for checkpointID and returns its opaque description (kept
+	// in the checkpoint, at most a few KiB). It is called at the barrier.
+	PreCommit(ctx context.Context, checkpointID uint64) ([]byte, error)
+	// Commit makes a pre-committed transaction visible. It must be
+	// idempotent: committing an already committed transaction succeeds.
+	Commit(ctx context.Context, txn []byte) error
+	// Abort discards a pre-committed transaction that will never be
+	// committed. It must be idempotent.
+	Abort(ctx context.Context, txn []byte) error
+	// Recover is called once on restore, before any Write, with the pending
+	// transactions of the latest completed checkpoint (the runtime commits
+	// them right after). The sink should abort any other transaction it left
+	// open in an earlier run.
+	Recover(ctx context.Context, pending [][]byte) error
+}
+
+// DeadLetter is a record that could not be processed: it failed to decode,
+// failed validation, or a user function failed on it (after retries). The
+// pipeline routes it to the dead-letter sink of the policy in force.
+type DeadLetter struct {
+	// Source is the UID of the source the record came from.
+	Source string
+	// Operator is the UID of the operator that rejected the record (the
+	// source's UID for decode and validation failures).
+	Operator string
+	// Split is the split the record was read from (empty when unknown).
+	Split string
+	// Offset is the split position after the record, in the source's
+	// encoding (nil when unknown).
+	Offset []byte
+	// Raw is the record's original bytes when the source provided them.
+	Raw []byte
+	// Value is a textual rendering of the record when Raw is absent.
+	Value string
+	// Reason is the error text.
+	Reason string
+	// Time is when the record was rejected.
+	Time time.Time
+}
