@@ -1,0 +1,355 @@
+package interop
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+
+	"github.com/runnel-dev/runnel/transport/broker"
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// Broker benchmarks: the embedded broker (in-process, 127.0.0.1, Pebble on
+// a temporary dir) driven by the official Go client (impl=official) and by
+// runnel's own remoting.Conn with typed headers (impl=runnel: the raw
+// transport, the same request shape and window, without a high-level
+// client) in the same run, so that `benchstat -col /impl` pairs them. Client
+// and broker share the machine's cores.
+
+// benchInFlight is the number of sends kept in flight.
+const benchInFlight = 64
+
+var benchFlushModes = []struct {
+	name string
+	mode broker.FlushMode
+}{
+	{"async", broker.FlushAsync},
+	{"sync", broker.FlushSync},
+}
+
+var benchSizes = []struct {
+	name string
+	n    int
+}{
+	{"128", 128},
+	{"1KiB", 1024},
+}
+
+// benchTopic creates a topic with 8 queues on env.
+func benchTopic(b *testing.B, env *brokerEnv, prefix string) string {
+	b.Helper()
+	topic := uniqueName(prefix)
+	createTopic(b, env, topic, 8)
+	return topic
+}
+
+// BenchmarkBrokerProduce measures produce throughput with 64 sends in
+// flight, per body size and flush mode, reported as msgs/s.
+func BenchmarkBrokerProduce(b *testing.B) {
+	for _, size := range benchSizes {
+		for _, fm := range benchFlushModes {
+			b.Run("size="+size.name+"/flush="+fm.name, func(b *testing.B) {
+				env := startBrokerEnv(b, broker.WithFlushMode(fm.mode))
+				topic := benchTopic(b, env, "BenchProduce")
+				body := make([]byte, size.n)
+				b.Run("impl=runnel", func(b *testing.B) { produceRunnel(b, env, topic, body) })
+				b.Run("impl=official", func(b *testing.B) { produceOfficial(b, env, topic, body) })
+			})
+		}
+	}
+}
+
+func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
+	p := newProducer(b, env, producer.WithRetry(0))
+	// warm the route and connection
+	if _, err := p.SendSync(context.Background(), primitive.NewMessage(topic, body)); err != nil {
+		b.Fatal(err)
+	}
+	sem := make(chan struct{}, benchInFlight)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		sem <- struct{}{}
+		wg.Add(1)
+		err := p.SendAsync(context.Background(), func(_ context.Context, res *primitive.SendResult, err error) {
+			if err == nil && res.Status != primitive.SendOK {
+				err = fmt.Errorf("status %v", res.Status)
+			}
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			}
+			<-sem
+			wg.Done()
+		}, primitive.NewMessage(topic, body))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+}
+
+func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
+	conn := dialTB(b, env.addr)
+	sem := make(chan struct{}, benchInFlight)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	// SEND_MESSAGE (10) with the header the official producer writes.
+	h := protocol.SendMessageRequestHeader{
+		ProducerGroup: "bench", Topic: topic, DefaultTopic: "TBW102", DefaultTopicQueueNums: 4,
+		Properties:     string(protocol.AppendProperty(nil, protocol.PropWaitStoreMsgOK, "true")),
+		ReconsumeTimes: protocol.Some[int32](0), UnitMode: protocol.Some(false),
+		Batch: protocol.Some(false), MaxReconsumeTimes: protocol.Some[int32](0), BrokerName: broker0,
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		sem <- struct{}{}
+		wg.Add(1)
+		req := protocol.NewRequest(protocol.ReqSendMessage)
+		hh := h
+		hh.QueueID = int32(i % 8)
+		hh.BornTimestamp = time.Now().UnixMilli()
+		hh.Encode(req)
+		req.Body = body
+		conn.InvokeAsync(context.Background(), req, func(resp *protocol.Command, err error) {
+			if err == nil && resp.Code != protocol.ResSuccess {
+				err = fmt.Errorf("code %d %s", resp.Code, resp.Remark)
+			}
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			}
+			<-sem
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+}
+
+// BenchmarkBrokerPull drains a preloaded queue (128-byte messages, 32 per
+// pull) from offset 0 on, wrapping around, reported as msgs/s.
+func BenchmarkBrokerPull(b *testing.B) {
+	env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync))
+	topic := uniqueName("BenchPull")
+	createTopic(b, env, topic, 1)
+	const preload = 20000
+	conn := dialTB(b, env.addr)
+	body := make([]byte, 128)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, benchInFlight)
+	for range preload {
+		sem <- struct{}{}
+		wg.Add(1)
+		conn.InvokeAsync(context.Background(), durableSendReq(topic, 0, body, "p"), func(resp *protocol.Command, err error) {
+			if err != nil || resp.Code != protocol.ResSuccess {
+				b.Errorf("preload: %v %v", resp, err)
+			}
+			<-sem
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	b.Run("impl=runnel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		var off int64
+		for got := 0; got < b.N; {
+			req := protocol.NewRequest(protocol.ReqPullMessage)
+			h := protocol.PullMessageRequestHeader{
+				ConsumerGroup: "benchPull", Topic: topic, QueueID: 0, QueueOffset: off,
+				MaxMsgNums: 32, Subscription: "*", ExpressionType: protocol.ExpressionTypeTag,
+			}
+			h.Encode(req)
+			resp, err := conn.Invoke(context.Background(), req)
+			if err != nil || resp.Code != protocol.ResSuccess {
+				b.Fatalf("pull @%d: %v %v", off, resp, err)
+			}
+			n := 0
+			if err := protocol.DecodeRecords(resp.Body, func(m *protocol.MessageExt) bool {
+				n++
+				return true
+			}); err != nil {
+				b.Fatal(err)
+			}
+			got += n
+			if off += int64(n); off >= preload {
+				off = 0
+			}
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	})
+	b.Run("impl=official", func(b *testing.B) {
+		pc := newLitePull(b, env, uniqueName("benchPull"))
+		mq := &primitive.MessageQueue{Topic: topic, BrokerName: broker0, QueueId: 0}
+		if err := pc.Assign(topic, []*primitive.MessageQueue{mq}); err != nil {
+			b.Fatal(err)
+		}
+		if err := pc.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		var off int64
+		for got := 0; got < b.N; {
+			res, err := pc.PullFrom(context.Background(), mq, off, 32)
+			if err != nil || res.Status != primitive.PullFound {
+				b.Fatalf("PullFrom @%d: %v %v", off, res, err)
+			}
+			n := len(res.GetMessageExts())
+			got += n
+			if off += int64(n); off >= preload {
+				off = 0
+			}
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	})
+}
+
+// BenchmarkBrokerLatency measures produce→consume latency with long
+// polling: one message at a time, sent once the previous one arrived, its
+// send time in its body; the consumer's pull is parked at the broker when
+// the send arrives. p50 and p99 in ms.
+func BenchmarkBrokerLatency(b *testing.B) {
+	env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync))
+	b.Run("impl=runnel", func(b *testing.B) {
+		topic := uniqueName("BenchLat")
+		createTopic(b, env, topic, 1)
+		pconn, cconn := dialTB(b, env.addr), dialTB(b, env.addr)
+		got := make(chan time.Duration, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var off int64
+			for ctx.Err() == nil {
+				req := protocol.NewRequest(protocol.ReqPullMessage)
+				h := protocol.PullMessageRequestHeader{
+					ConsumerGroup: "benchLat", Topic: topic, QueueID: 0, QueueOffset: off, MaxMsgNums: 32,
+					SysFlag: protocol.PullFlagSuspend, SuspendTimeoutMillis: 15000,
+					Subscription: "*", ExpressionType: protocol.ExpressionTypeTag,
+				}
+				h.Encode(req)
+				resp, err := cconn.Invoke(ctx, req)
+				if err != nil {
+					return
+				}
+				if resp.Code != protocol.ResSuccess {
+					continue
+				}
+				now := time.Now()
+				_ = protocol.DecodeRecords(resp.Body, func(m *protocol.MessageExt) bool {
+					off = m.QueueOffset + 1
+					got <- now.Sub(time.Unix(0, int64(binary.BigEndian.Uint64(m.Body))))
+					return true
+				})
+			}
+		}()
+		defer func() { cancel(); wg.Wait() }()
+		lat := make([]time.Duration, 0, b.N)
+		body := make([]byte, 128)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			binary.BigEndian.PutUint64(body, uint64(time.Now().UnixNano()))
+			resp, err := pconn.Invoke(context.Background(), durableSendReq(topic, 0, slices.Clone(body), "l"))
+			if err != nil || resp.Code != protocol.ResSuccess {
+				b.Fatalf("send: %v %v", resp, err)
+			}
+			select {
+			case d := <-got:
+				lat = append(lat, d)
+			case <-time.After(10 * time.Second):
+				b.Fatal("message not delivered in 10 s")
+			}
+		}
+		b.StopTimer()
+		reportLatency(b, lat)
+	})
+	b.Run("impl=official", func(b *testing.B) {
+		topic := uniqueName("BenchLat")
+		createTopic(b, env, topic, 1)
+		p := newProducer(b, env)
+		got := make(chan time.Duration, 1)
+		c := newPushConsumer(b, env, uniqueName("benchLat"), uniqueInstance("lat"))
+		err := c.Subscribe(topic, consumer.MessageSelector{Type: consumer.TAG, Expression: "*"},
+			func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+				now := time.Now()
+				for _, m := range msgs {
+					if len(m.Body) >= 8 {
+						got <- now.Sub(time.Unix(0, int64(binary.BigEndian.Uint64(m.Body))))
+					}
+				}
+				return consumer.ConsumeSuccess, nil
+			})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Start(); err != nil {
+			b.Fatal(err)
+		}
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			body := make([]byte, 128)
+			binary.BigEndian.PutUint64(body, uint64(time.Now().UnixNano()))
+			if _, err := p.SendSync(context.Background(), primitive.NewMessage(topic, body)); err != nil {
+				b.Fatal(err)
+			}
+			select {
+			case d := <-got:
+				lat = append(lat, d)
+			case <-time.After(10 * time.Second):
+				b.Fatal("message not delivered in 10 s")
+			}
+		}
+		b.StopTimer()
+		reportLatency(b, lat)
+	})
+}
+
+// reportLatency reports the p50 and p99 of lat in milliseconds.
+func reportLatency(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(q(0.50), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+}
