@@ -15,6 +15,18 @@
 // primitive.DecodeMessage, and the official batch and properties encoders
 // are checked against runnel's.
 //
+// # Broker interop and durability
+//
+// The TestBroker* tests run the official producer, push consumers
+// (clustering, broadcasting, orderly), lite pull consumer and admin client
+// against runnel's name server and broker started in-process on port 0;
+// every message is recorded in a ledger and compared field by field with
+// what arrived. The official orderly consumer races with itself, so under
+// -race that test runs its client in a child built without -race against
+// the parent's (race-instrumented) broker. TestDurabilityKill9 builds
+// cmd/runnel, SIGKILLs a `runnel broker --flush sync` child under
+// concurrent load and checks every acknowledged message after each restart.
+//
 // # Benchmarks
 //
 // Paired benchmarks are named Benchmark<What>/<case>/impl=runnel and
