@@ -7,12 +7,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
 )
@@ -31,6 +34,11 @@ type brokerFlags struct {
 	noBroker      bool
 	logLevel      string
 	shutdownWait  time.Duration
+	aclFile       string
+	tlsMode       string
+	tlsCert       string
+	tlsKey        string
+	tlsClientCA   string
 }
 
 func newBrokerCmd() *cobra.Command {
@@ -45,7 +53,14 @@ consume from it: point them at the name server address (--namesrv-listen).
 Run only the name server with --no-broker, or only a broker registering with
 other name servers with --no-namesrv --namesrv "host:port;host:port".
 A line starting with "runnel: ready" is printed on stdout once it serves.
-SIGINT or SIGTERM shut it down cleanly.`,
+SIGINT or SIGTERM shut it down cleanly.
+
+--acl-file and the --tls-* flags secure the embedded name server (for now
+together with --no-broker: the broker does not yet sign its registration nor
+dial name servers over TLS). With --acl-file every request must be signed by
+an account of the file (RocketMQ AccessKey/Signature) and TLS defaults to
+enforcing; SIGHUP reloads the file (an invalid file is reported and the
+previous one stays in force).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBroker(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -65,6 +80,11 @@ SIGINT or SIGTERM shut it down cleanly.`,
 	fl.BoolVar(&f.noBroker, "no-broker", false, "run only the name server")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.shutdownWait, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fl.StringVar(&f.aclFile, "acl-file", "", "name server ACL file (JSON accounts and permissions); SIGHUP reloads it")
+	fl.StringVar(&f.tlsMode, "tls-mode", "", "name server TLS mode: disabled, permissive or enforcing (default: enforcing with --acl-file, else disabled)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "name server TLS certificate file (PEM)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "name server TLS private key file (PEM)")
+	fl.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; makes client certificates mandatory on TLS connections")
 	return cmd
 }
 
@@ -94,6 +114,50 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 	return mode, lvl, nil
 }
 
+// security builds the name server's ACL and TLS options from the flags. It
+// refuses combinations that cannot work yet instead of half-applying them.
+func (f *brokerFlags) security(log *slog.Logger) ([]namesrv.Option, *acl.Policy, acl.TLSMode, error) {
+	mode, err := acl.ResolveTLSMode(f.tlsMode, f.aclFile != "")
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("--tls-mode: %w", err)
+	}
+	tlsFiles := f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != ""
+	if f.noNamesrv && (f.aclFile != "" || f.tlsMode != "" || tlsFiles) {
+		return nil, nil, 0, errors.New("--acl-file and --tls-* configure the embedded name server: not with --no-namesrv")
+	}
+	if !f.noBroker && (f.aclFile != "" || mode == acl.TLSEnforcing) {
+		// REGISTER_BROKER would be refused: the broker neither signs it nor dials over TLS yet.
+		return nil, nil, 0, errors.New("--acl-file and --tls-mode enforcing need --no-broker for now: " +
+			"the embedded broker cannot yet register with a name server that requires credentials or TLS")
+	}
+	var opts []namesrv.Option
+	if mode == acl.TLSDisabled {
+		if tlsFiles {
+			return nil, nil, 0, errors.New("--tls-cert, --tls-key and --tls-client-ca need --tls-mode permissive or enforcing")
+		}
+	} else {
+		cfg, err := acl.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
+		if err != nil {
+			if f.tlsMode == "" {
+				return nil, nil, 0, fmt.Errorf("--acl-file implies --tls-mode enforcing (override it explicitly to run without TLS): %w", err)
+			}
+			return nil, nil, 0, fmt.Errorf("--tls-mode %s: %w", mode, err)
+		}
+		opts = append(opts, namesrv.WithTLS(mode, cfg))
+	}
+	var policy *acl.Policy
+	if f.aclFile != "" {
+		if policy, err = acl.LoadPolicy(f.aclFile, acl.WithLogger(log)); err != nil {
+			return nil, nil, 0, fmt.Errorf("--acl-file: %w", err)
+		}
+		opts = append(opts, namesrv.WithACL(policy))
+		if mode != acl.TLSEnforcing {
+			log.Warn("ACL without enforcing TLS: signed requests and their bodies can be read (and replayed) on the network", "tls", mode.String())
+		}
+	}
+	return opts, policy, mode, nil
+}
+
 func defaultDataDir() (string, error) {
 	dir, err := os.UserCacheDir()
 	if err != nil {
@@ -120,11 +184,16 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	secOpts, policy, tlsMode, err := f.security(log.With("component", "acl"))
+	if err != nil {
+		return err
+	}
 
 	var ns *namesrv.Server
 	nsAddrs := splitAddrs(f.namesrv)
 	if !f.noNamesrv {
-		ns, err = namesrv.New(namesrv.WithListenAddr(f.namesrvListen), namesrv.WithLogger(log.With("component", "namesrv")))
+		ns, err = namesrv.New(append([]namesrv.Option{namesrv.WithListenAddr(f.namesrvListen),
+			namesrv.WithLogger(log.With("component", "namesrv"))}, secOpts...)...)
 		if err != nil {
 			return err
 		}
@@ -172,7 +241,10 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 
 	line := "runnel: ready"
 	if ns != nil {
-		line += " namesrv=" + ns.Addr()
+		line += " namesrv=" + ns.Addr() + " tls=" + tlsMode.String()
+		if policy != nil {
+			line += " acl=on"
+		}
 	}
 	if b != nil {
 		line += " broker=" + b.AdvertisedAddr() + " flush=" + f.flush
@@ -182,9 +254,25 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 		fmt.Fprintf(stdout, "runnel: point RocketMQ clients at the name server %s; Ctrl-C stops\n", ns.Addr())
 	}
 
-	<-ctx.Done()
-	fmt.Fprintln(stdout, "runnel: shutting down")
-	return nil
+	var hup chan os.Signal // nil (never ready) without an ACL file
+	if policy != nil {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stdout, "runnel: shutting down")
+			return nil
+		case <-hup:
+			if err := policy.Reload(); err != nil {
+				log.Error("ACL reload failed; the previous ACL stays in force", "file", f.aclFile, "err", err)
+				continue
+			}
+			fmt.Fprintln(stdout, "runnel: ACL reloaded from", f.aclFile)
+		}
+	}
 }
 
 func shutdown(wait time.Duration, fn func(context.Context) error) error {

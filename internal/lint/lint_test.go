@@ -190,3 +190,92 @@ func TestNoMachinePaths(t *testing.T) {
 		}
 	}
 }
+
+// TestNoProcessSpawning fails when the broker, the name server or the ACL
+// package can start a process: they must not import os/exec, nor call
+// os.StartProcess or syscall's exec and fork functions, directly or through
+// another runnel package they import (RocketMQ's CVE-2023-33246 turned a
+// remote config write into command execution; here there is nothing to
+// turn). Test files are exempt: tests may re-execute binaries.
+func TestNoProcessSpawning(t *testing.T) {
+	const module = "github.com/runnel-dev/runnel/"
+	guarded := []string{"transport/broker", "transport/namesrv", "transport/acl"}
+	bannedCalls := map[string]map[string]bool{
+		"os":      {"StartProcess": true},
+		"syscall": {"Exec": true, "ForkExec": true, "StartProcess": true},
+	}
+	// Per runnel package directory: its runnel imports and its own offences.
+	imports := map[string][]string{}
+	offences := map[string][]string{}
+	for _, g := range parseAll(t) {
+		if g.isTest() {
+			continue
+		}
+		dir := g.rel[:max(strings.LastIndex(g.rel, "/"), 0)]
+		for _, imp := range g.file.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if p == "os/exec" {
+				offences[dir] = append(offences[dir], g.rel+" imports os/exec")
+			}
+			if rest, ok := strings.CutPrefix(p, module); ok {
+				imports[dir] = append(imports[dir], rest)
+			}
+		}
+		names := importNames(g.file)
+		ast.Inspect(g.file, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if x, ok := sel.X.(*ast.Ident); ok && bannedCalls[names[x.Name]][sel.Sel.Name] {
+				pos := g.fset.Position(sel.Pos())
+				offences[dir] = append(offences[dir], g.rel+":"+strconv.Itoa(pos.Line)+" uses "+names[x.Name]+"."+sel.Sel.Name)
+			}
+			return true
+		})
+	}
+	for _, root := range guarded {
+		// Every package at or under root, and every runnel package they reach.
+		seen := map[string]string{} // package -> the package that imports it (itself for roots)
+		var queue []string
+		for dir := range mergeKeys(imports, offences) {
+			if dir == root || strings.HasPrefix(dir, root+"/") {
+				seen[dir], queue = dir, append(queue, dir)
+			}
+		}
+		if len(queue) == 0 {
+			continue // not written yet
+		}
+		for len(queue) > 0 {
+			dir := queue[0]
+			queue = queue[1:]
+			for _, o := range offences[dir] {
+				if seen[dir] == dir {
+					t.Errorf("%s: %s", root, o)
+				} else {
+					t.Errorf("%s imports %s (via %s): %s", root, dir, seen[dir], o)
+				}
+			}
+			for _, imp := range imports[dir] {
+				if _, ok := seen[imp]; !ok {
+					seen[imp], queue = dir, append(queue, imp)
+				}
+			}
+		}
+	}
+	if len(imports) == 0 {
+		t.Fatal("no runnel package found: the check would pass vacuously")
+	}
+}
+
+// mergeKeys returns the union of the keys of two maps.
+func mergeKeys[V any](a, b map[string]V) map[string]bool {
+	out := make(map[string]bool, len(a)+len(b))
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}

@@ -25,6 +25,14 @@
 // cluster membership and its queue data; topics left without queue data
 // disappear.
 //
+// # Access control and TLS
+//
+// WithACL installs an acl.Policy: every request must then be signed by one
+// of its accounts, and REGISTER_BROKER, UNREGISTER_BROKER, the KV writes and
+// the other administration codes need an admin account (so brokers
+// register with admin credentials); routes need PUB or SUB on the topic.
+// WithTLS sets the port's TLS mode (disabled, permissive or enforcing).
+//
 // # Differences from the Java name server
 //
 //   - Routes are always sent as compact standard JSON (quoted brokerAddrs

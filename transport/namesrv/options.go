@@ -1,11 +1,13 @@
 package namesrv
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
@@ -39,6 +41,9 @@ type config struct {
 	allTopicList bool
 	orderMessage bool
 	remotingOpts []remoting.ServerOption
+	policy       *acl.Policy
+	tlsMode      acl.TLSMode
+	tlsConfig    *tls.Config
 }
 
 func defaultConfig() config {
@@ -61,6 +66,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("namesrv: scan interval %v is not positive", c.scanInterval)
 	case c.now == nil:
 		return errors.New("namesrv: nil clock")
+	}
+	if _, err := acl.TLSServerOptions(c.tlsMode, c.tlsConfig); err != nil {
+		return fmt.Errorf("namesrv: %w", err)
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -126,4 +134,26 @@ func WithOrderMessage(enabled bool) Option {
 // them.
 func WithRemotingOptions(opts ...remoting.ServerOption) Option {
 	return optionFunc(func(c *config) { c.remotingOpts = append(c.remotingOpts, opts...) })
+}
+
+// WithACL makes the name server check every request with p (see package
+// acl): requests must be signed by an account of p, registration and
+// administration codes (REGISTER_BROKER, UNREGISTER_BROKER, KV writes,
+// DELETE_TOPIC_IN_NAMESRV, …) need an admin account, routes need PUB or SUB
+// on the topic, and codes p does not know are refused, all with
+// NO_PERMISSION before any handler runs. Brokers registering with such a
+// name server must sign their requests with an admin account.
+// UPDATE_NAMESRV_CONFIG stays refused, even to admins. p may be reloaded
+// while the server runs (p.Reload). A nil p leaves ACL off.
+func WithACL(p *acl.Policy) Option {
+	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithTLS sets the TLS mode of the name server port: acl.TLSDisabled (the
+// default; cfg is ignored), acl.TLSPermissive (TLS and plain TCP on one
+// port) or acl.TLSEnforcing (TLS only), with cfg the server configuration
+// (acl.ServerTLSConfig builds it from files). New fails when a mode other
+// than disabled comes without cfg.
+func WithTLS(mode acl.TLSMode, cfg *tls.Config) Option {
+	return optionFunc(func(c *config) { c.tlsMode, c.tlsConfig = mode, cfg })
 }

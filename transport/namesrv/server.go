@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -58,6 +59,14 @@ func New(opts ...Option) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.logger, routes: newRouteTable(), kv: kv, quit: make(chan struct{})}
 	ropts := append([]remoting.ServerOption{remoting.WithLogger(cfg.logger)}, cfg.remotingOpts...)
 	ropts = append(ropts, remoting.WithOnDisconnect(s.onDisconnect))
+	tlsOpts, err := acl.TLSServerOptions(cfg.tlsMode, cfg.tlsConfig)
+	if err != nil {
+		return nil, fmt.Errorf("namesrv: %w", err)
+	}
+	ropts = append(ropts, tlsOpts...)
+	if cfg.policy != nil {
+		ropts = append(ropts, cfg.policy.ServerOption())
+	}
 	if s.rs, err = remoting.NewServer(ropts...); err != nil {
 		return nil, fmt.Errorf("namesrv: %w", err)
 	}

@@ -20,7 +20,9 @@
 // *protocol.Error), or defers the answer with RequestCtx.Defer and
 // RequestCtx.Respond (long polling). Each accepted connection is a
 // ServerConn, which embeds Conn so the server can send requests to the
-// client. Control and KeepControl inject faults for tests.
+// client. WithInterceptor adds interceptors that see every request before
+// the controls and the processor (package acl's access control is one).
+// Control and KeepControl inject faults for tests.
 //
 // # Goroutines and bounds
 //

@@ -1,6 +1,7 @@
 package remoting
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -239,6 +240,7 @@ func WithRequestHandler(h RequestHandler) Option {
 type serverConfig struct {
 	conn         connConfig
 	permissive   bool
+	interceptors []Interceptor
 	onConnect    func(*ServerConn)
 	onDisconnect func(*ServerConn)
 }
@@ -264,4 +266,25 @@ func WithOnConnect(fn func(*ServerConn)) ServerOption {
 // Close wait for it.
 func WithOnDisconnect(fn func(*ServerConn)) ServerOption {
 	return serverOpt(func(c *serverConfig) { c.onDisconnect = fn })
+}
+
+// Interceptor inspects every request a Server receives before the fault
+// injection controls and the processor of its code run, whether or not a
+// processor is registered for the code (authentication and authorization
+// use it so that no code escapes them). It returns handled=false to let the
+// request go on, or handled=true with the response to send instead (nil
+// sends nothing; a oneway request is never answered). It runs on the
+// request's processor goroutine, must be safe for concurrent use and should
+// not block for long; a panic is answered SYSTEM_ERROR, as a processor's is.
+type Interceptor func(ctx context.Context, rc *RequestCtx) (resp *protocol.Command, handled bool)
+
+// WithInterceptor adds an Interceptor to a Server. Interceptors run in the
+// order given, after the GO_AWAY answer of a Server shutting down; the first
+// that handles a request ends it. A nil fn is ignored.
+func WithInterceptor(fn Interceptor) ServerOption {
+	return serverOpt(func(c *serverConfig) {
+		if fn != nil {
+			c.interceptors = append(c.interceptors, fn)
+		}
+	})
 }

@@ -479,6 +479,11 @@ func (s *Server) process(ctx context.Context, rc *RequestCtx) (resp *protocol.Co
 		// Java's answer while shutting down, to clients that understand it.
 		return protocol.NewResponse(req, protocol.ResGoAway, "please go away"), nil
 	}
+	for _, ic := range s.cfg.interceptors {
+		if resp, handled := ic(ctx, rc); handled {
+			return resp, nil
+		}
+	}
 	if s.ctrl.n.Load() > 0 {
 		if resp, err, handled := s.ctrl.run(rc); handled {
 			return resp, err

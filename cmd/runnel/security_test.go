@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/acl"
+	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
+)
+
+// writeCert writes a self-signed certificate for 127.0.0.1 and its key to
+// dir and returns their paths and a client configuration trusting it.
+func writeCert(t *testing.T, dir string) (certFile, keyFile string, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runnel cmd test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+}
+
+const aclOneAccount = `{"accounts":[{"accessKey":"admin-ak","secretKey":"admin-secret","admin":true}]}`
+
+const aclTwoAccounts = `{"accounts":[{"accessKey":"admin-ak","secretKey":"admin-secret","admin":true},
+  {"accessKey":"reader-ak","secretKey":"reader-secret","defaultTopicPerm":"SUB"}]}`
+
+// TestNamesrvACLAndTLS runs `runnel broker --no-broker` with an ACL file
+// and enforcing TLS as a real process: unsigned requests are refused,
+// signed ones served over TLS, plain TCP gets nothing, and SIGHUP reloads
+// the file (a broken file is reported and the old one stays).
+func TestNamesrvACLAndTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	certFile, keyFile, cliTLS := writeCert(t, dir)
+	aclFile := filepath.Join(dir, "acl.json")
+	if err := os.WriteFile(aclFile, []byte(aclOneAccount), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := runnelCmd(ctx, "broker", "--no-broker", "--namesrv-listen", "127.0.0.1:0", "--log-level", "warn",
+		"--acl-file", aclFile, "--tls-cert", certFile, "--tls-key", keyFile)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer // written by exec's copying goroutine while the test reads it
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	lines := bufio.NewScanner(stdout)
+	out := make(chan string, 16)
+	go func() { // ends when the process closes stdout
+		defer close(out)
+		for lines.Scan() {
+			out <- lines.Text()
+		}
+	}()
+	var ready string
+	for l := range out {
+		if strings.HasPrefix(l, "runnel: ready") {
+			ready = l
+			break
+		}
+	}
+	if !strings.Contains(ready, " tls=enforcing") || !strings.Contains(ready, " acl=on") {
+		t.Fatalf("readiness line %q (stderr %s)", ready, stderr.String())
+	}
+	var addr string
+	for _, f := range strings.Fields(ready) {
+		if v, ok := strings.CutPrefix(f, "namesrv="); ok {
+			addr = v
+		}
+	}
+
+	conn, err := remoting.Dial(ctx, addr, remoting.WithTLSConfig(cliTLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(cr *acl.Credentials) *protocol.Command {
+		req := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
+		(&protocol.GetRouteInfoRequestHeader{Topic: "T"}).Encode(req)
+		if cr != nil {
+			acl.Sign(req, *cr)
+		}
+		resp, err := conn.Invoke(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	denied := func(r *protocol.Command) bool {
+		return r.Code == protocol.ResNoPermission && strings.HasPrefix(r.Remark, "acl: ")
+	}
+	admin := &acl.Credentials{AccessKey: "admin-ak", SecretKey: "admin-secret"}
+	reader := &acl.Credentials{AccessKey: "reader-ak", SecretKey: "reader-secret"}
+	if r := ask(nil); !denied(r) {
+		t.Fatalf("unsigned route request: %d %q", r.Code, r.Remark)
+	}
+	if r := ask(admin); denied(r) {
+		t.Fatalf("admin route request denied: %q", r.Remark)
+	}
+	if r := ask(reader); !denied(r) || !strings.Contains(r.Remark, "unknown AccessKey") {
+		t.Fatalf("reader before reload: %d %q", r.Code, r.Remark)
+	}
+	plain, err := remoting.Dial(ctx, addr)
+	if err == nil {
+		_, err = plain.Invoke(ctx, protocol.NewRequest(protocol.ReqGetBrokerClusterInfo))
+		plain.Close()
+	}
+	if err == nil {
+		t.Fatal("plain TCP served by an enforcing TLS port")
+	}
+
+	hupAndWait := func(want string) {
+		t.Helper()
+		if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case l := <-out:
+				if strings.Contains(l, want) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %q after SIGHUP; stderr:\n%s", want, stderr.String())
+			}
+		}
+	}
+	if err := os.WriteFile(aclFile, []byte(aclTwoAccounts), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hupAndWait("runnel: ACL reloaded")
+	if r := ask(reader); denied(r) {
+		t.Fatalf("reader after reload: %q", r.Remark)
+	}
+	// A broken file: the process keeps running with the last good ACL.
+	if err := os.WriteFile(aclFile, []byte(`{"accounts":[{"accessKey":"x"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "ACL reload failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload failure reported; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the child's output
+	}
+	if r := ask(reader); denied(r) {
+		t.Fatalf("reader after a failed reload: %q", r.Remark)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for range out {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\nstderr:\n%s", err, stderr.String())
+	}
+}
+
+// TestSecurityFlagErrors checks that security flags that cannot work fail
+// start-up with a clear message.
+func TestSecurityFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, _ := writeCert(t, dir)
+	good := filepath.Join(dir, "acl.json")
+	if err := os.WriteFile(good, []byte(aclOneAccount), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"accounts":[{"accessKey":"admin-ak","secretKey":"s"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := []string{"broker", "--no-broker", "--namesrv-listen", "127.0.0.1:0"}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{append(ns, "--tls-mode", "strict"), `TLS mode "strict"`},
+		{append(ns, "--acl-file", good), "--acl-file implies --tls-mode enforcing"},
+		{append(ns, "--tls-mode", "enforcing", "--tls-cert", certFile), "both a certificate file and a key file"},
+		{append(ns, "--tls-cert", certFile, "--tls-key", keyFile), "need --tls-mode permissive or enforcing"},
+		{append(ns, "--acl-file", bad, "--tls-mode", "disabled"), "accounts[0].secretKey: must be at least 6"},
+		{append(ns, "--acl-file", filepath.Join(dir, "none.json"), "--tls-mode", "disabled"), "no such file"},
+		{[]string{"broker", "--namesrv-listen", "127.0.0.1:0", "--acl-file", good, "--tls-mode", "disabled"}, "need --no-broker"},
+		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "not with --no-namesrv"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, err := runnelCmd(ctx, tc.args...).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("exit: %v, want status 1; output:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("output does not mention %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// lockedBuffer is an io.Writer safe to read while another goroutine writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
