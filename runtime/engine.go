@@ -284,6 +284,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	e.mu.Lock()
+	if err == nil && len(e.mu.errs) > 0 {
+		err = errors.Join(e.mu.errs...) // failures while closing (e.g. sink commits)
+	}
 	if err != nil {
 		e.mu.state = "failed"
 	} else {

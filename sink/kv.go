@@ -40,7 +40,7 @@ func NewKV[T any](dir string, key func(T) []byte, value func(dst []byte, v T) ([
 	if key == nil || value == nil {
 		return nil, errors.New("sink: KV needs key and value functions")
 	}
-	db, err := pebble.Open(dir, &pebble.Options{})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
 	if err != nil {
 		return nil, fmt.Errorf("sink: open KV %s: %w", dir, err)
 	}
@@ -150,4 +150,14 @@ func (k *KV[T]) Close() error {
 	err := k.mu.db.Close()
 	k.mu.db = nil
 	return err
+}
+
+// quietLogger drops Pebble's informational logs (fatal errors still stop
+// the process, as Pebble requires).
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Errorf("sink: KV pebble fatal: "+format, args...))
 }
