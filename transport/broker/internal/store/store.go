@@ -164,6 +164,9 @@ type queue struct {
 	next int64
 	// touched marks the queue as written in the current round; writeMu.
 	touched bool
+	// round and count are the queue's index among the round's touched
+	// queues and its message count in the round, for ordering; writeMu.
+	round, count int32
 
 	// max is the published max offset (next offset readers may see).
 	max atomic.Int64
@@ -190,6 +193,8 @@ type Store struct {
 	physNext int64    // writeMu
 	lastTS   int64    // writeMu
 	touched  []*queue // writeMu; scratch
+	refs     []msgRef // writeMu; scratch
+	sorted   []msgRef // writeMu; scratch
 
 	// physPublished bounds physical offsets readers may resolve.
 	physPublished atomic.Int64
