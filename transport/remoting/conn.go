@@ -122,6 +122,7 @@ type Conn struct {
 	calls sync.Pool // *call for sync Invoke
 
 	queued   atomic.Int64 // frames enqueued but not yet flushed
+	queuedB  atomic.Int64 // bytes of frames enqueued but not yet written
 	handling atomic.Int64 // server side: requests being processed or deferred
 
 	inflight, dropped, rejected         atomic.Int64
@@ -400,7 +401,9 @@ func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
 		return c.closedErr()
 	default:
 	}
+	n := int64(len(*f.buf))
 	c.queued.Add(1)
+	c.queuedB.Add(n)
 	select {
 	case c.wq <- f:
 		return nil
@@ -411,10 +414,12 @@ func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
 		return nil
 	case <-ctx.Done():
 		c.queued.Add(-1)
+		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
 		return ctxErr(ctx)
 	case <-c.quit:
 		c.queued.Add(-1)
+		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
 		return c.closedErr()
 	}
@@ -429,12 +434,23 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 		return c.closedErr()
 	default:
 	}
+	n := int64(len(*f.buf))
 	c.queued.Add(1)
+	// A frame is always accepted into an empty queue, whatever its size.
+	if b, lim := c.queuedB.Add(n), c.cfg.maxQueuedB; lim > 0 && b > lim && b != n {
+		c.queued.Add(-1)
+		c.queuedB.Add(-n)
+		c.putBuf(f.buf)
+		c.log.Debug("remoting: closing connection: queued output over its byte bound", "bytes", b, "limit", lim)
+		c.shutdown(ErrWriteQueueBytes)
+		return c.closedErr()
+	}
 	select {
 	case c.wq <- f:
 		return nil
 	default:
 		c.queued.Add(-1)
+		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
 		c.log.Warn("remoting: closing connection: write queue full", "frames", cap(c.wq))
 		c.shutdown(ErrWriteQueueFull)
@@ -669,6 +685,7 @@ func (c *Conn) writeLoop() {
 
 func (c *Conn) writeFrame(bw *bufio.Writer, f outFrame) error {
 	b := *f.buf
+	c.queuedB.Add(-int64(len(b)))
 	_, err := bw.Write(b)
 	c.framesOut.Add(1)
 	c.bytes.Add(int64(len(b)))

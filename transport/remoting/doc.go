@@ -35,14 +35,21 @@
 //
 //   - requests wait for write-queue room and in-flight slots, as their ctx
 //     allows (backpressure to the caller);
-//   - responses never wait: a full write queue means the peer is not reading,
-//     and the connection is closed with ErrWriteQueueFull;
+//   - responses never wait: a full write queue (WithWriteQueueFrames frames,
+//     or WithMaxQueuedBytes bytes) means the peer is not reading, and the
+//     connection is closed with ErrWriteQueueFull or ErrWriteQueueBytes;
 //   - incoming requests beyond the handler bound are answered SYSTEM_BUSY at
 //     once, so a slow handler never stops the reader (which also delivers
 //     responses);
 //   - a frame larger than WithMaxFrameSize, a malformed frame, no complete
 //     frame within the idle timeout, or a write stuck past the write timeout
-//     closes that connection only.
+//     closes that connection only;
+//   - a Server keeps at most WithMaxConns connections open, and
+//     WithMaxConnsPerIP per remote IP (beyond them it accepts and closes at
+//     once), and closes a connection without a complete frame within
+//     WithFirstFrameTimeout of accept. Each refusal or close for a limit is
+//     counted in ServerStats and logged at most once per
+//     WithLimitLogInterval.
 //
 // # Non-obvious invariants
 //

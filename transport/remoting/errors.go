@@ -28,6 +28,15 @@ var (
 	// than it makes us write. Closing is preferred over unbounded buffering.
 	ErrWriteQueueFull = errors.New("remoting: write queue full (peer reads too slowly)")
 
+	// ErrWriteQueueBytes is the cause a connection is closed with when a
+	// response would take the bytes queued for its socket over
+	// WithMaxQueuedBytes: the peer does not read what it asks for.
+	ErrWriteQueueBytes = errors.New("remoting: queued output over its byte bound (peer reads too slowly)")
+
+	// ErrFirstFrameTimeout is the cause a Server closes a connection with
+	// when no complete frame arrived within WithFirstFrameTimeout of accept.
+	ErrFirstFrameTimeout = errors.New("remoting: no complete first frame in time")
+
 	// ErrServerClosed is returned by Server.Serve after Shutdown or Close, and
 	// by Listen and Serve called after them.
 	ErrServerClosed = errors.New("remoting: server closed")

@@ -34,6 +34,24 @@ const (
 	// DefaultServerHandlers bounds the goroutines a Server runs processors on
 	// at once for ONE connection.
 	DefaultServerHandlers = 256
+	// DefaultMaxQueuedBytes bounds the bytes of the frames a connection has
+	// queued but not yet handed to the socket (the write queue's bound in
+	// bytes; DefaultWriteQueueFrames bounds it in frames): 32 MiB, room for
+	// more than a hundred full pull responses.
+	DefaultMaxQueuedBytes = 32 << 20
+	// DefaultMaxConns bounds the connections a Server keeps open at once.
+	DefaultMaxConns = 10000
+	// DefaultMaxConnsPerIP bounds the connections a Server keeps open at
+	// once from one remote IP address.
+	DefaultMaxConnsPerIP = 1000
+	// DefaultFirstFrameTimeout is how long an accepted connection may take
+	// to complete its TLS handshake (if any) and its first frame. Clients
+	// send a request as soon as they connect; a connection that stays
+	// silent, or trickles bytes, holds a socket and two buffers for nothing.
+	DefaultFirstFrameTimeout = 10 * time.Second
+	// DefaultLimitLogInterval is how often a Server logs, per kind of limit,
+	// the connections it refused or closed for that limit.
+	DefaultLimitLogInterval = 10 * time.Second
 )
 
 // Option configures Dial and NewConn. Options that also configure a Server
@@ -86,6 +104,7 @@ type connConfig struct {
 	hooks         []Hook
 	maxAsync      int
 	maxOneway     int
+	maxQueuedB    int64
 	handler       RequestHandler
 	languageIsSet bool
 }
@@ -102,6 +121,7 @@ func defaultConnConfig() connConfig {
 		version:      protocol.CurrentVersion,
 		maxAsync:     DefaultMaxInFlightAsync,
 		maxOneway:    DefaultMaxInFlightOneway,
+		maxQueuedB:   DefaultMaxQueuedBytes,
 	}
 }
 
@@ -123,6 +143,8 @@ func (c *connConfig) validate() error {
 		return fmt.Errorf("remoting: max in-flight async %d", c.maxAsync)
 	case c.maxOneway < 1:
 		return fmt.Errorf("remoting: max in-flight oneway %d", c.maxOneway)
+	case c.maxQueuedB < 0:
+		return fmt.Errorf("remoting: max queued bytes %d", c.maxQueuedB)
 	case c.version < -1<<15 || c.version >= 1<<15:
 		return fmt.Errorf("remoting: version %d outside int16", c.version)
 	}
@@ -185,6 +207,18 @@ func WithWriteQueueFrames(n int) CommonOption {
 	return commonOpt(func(c *connConfig) { c.writeQueue = n })
 }
 
+// WithMaxQueuedBytes bounds the bytes of the frames a connection has queued
+// for its socket but not yet written (DefaultMaxQueuedBytes; 0 = no bound
+// in bytes, the frame bound of WithWriteQueueFrames still applies). A
+// response that would take the queue over it closes the connection with
+// ErrWriteQueueBytes instead of buffering more for a peer that does not read
+// (a single frame is always accepted into an empty queue, whatever its
+// size). Requests this side sends count towards the bytes but wait only for
+// frame room.
+func WithMaxQueuedBytes(n int64) CommonOption {
+	return commonOpt(func(c *connConfig) { c.maxQueuedB = n })
+}
+
 // WithMaxConcurrentHandlers bounds how many incoming requests of one
 // connection are handled at once, each on its own goroutine: a Conn's
 // RequestHandler (DefaultClientHandlers) or a Server's processors
@@ -239,10 +273,75 @@ func WithRequestHandler(h RequestHandler) Option {
 // serverConfig is a Server's configuration.
 type serverConfig struct {
 	conn         connConfig
+	maxConns     int
+	maxConnsIP   int
+	firstFrame   time.Duration
+	limitLog     time.Duration
 	permissive   bool
 	interceptors []Interceptor
 	onConnect    func(*ServerConn)
 	onDisconnect func(*ServerConn)
+}
+
+func defaultServerConfig() serverConfig {
+	cfg := serverConfig{
+		conn:       defaultConnConfig(),
+		maxConns:   DefaultMaxConns,
+		maxConnsIP: DefaultMaxConnsPerIP,
+		firstFrame: DefaultFirstFrameTimeout,
+		limitLog:   DefaultLimitLogInterval,
+	}
+	cfg.conn.handlers = DefaultServerHandlers
+	return cfg
+}
+
+func (c *serverConfig) validate() error {
+	switch {
+	case c.maxConns < 0:
+		return fmt.Errorf("remoting: max connections %d", c.maxConns)
+	case c.maxConnsIP < 0:
+		return fmt.Errorf("remoting: max connections per IP %d", c.maxConnsIP)
+	case c.firstFrame < 0:
+		return fmt.Errorf("remoting: negative first-frame timeout %v", c.firstFrame)
+	case c.limitLog < 0:
+		return fmt.Errorf("remoting: negative limit log interval %v", c.limitLog)
+	}
+	return c.conn.validate()
+}
+
+// WithMaxConns bounds the connections a Server keeps open at once
+// (DefaultMaxConns; 0 = no bound). A connection accepted beyond it is
+// closed at once, before anything is read from it or allocated for it, and
+// counted in ServerStats.RejectedConns.
+func WithMaxConns(n int) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.maxConns = n })
+}
+
+// WithMaxConnsPerIP bounds the connections a Server keeps open at once from
+// one remote IP address (DefaultMaxConnsPerIP; 0 = no bound). A connection
+// beyond it is closed at once and counted in ServerStats.RejectedConnsPerIP.
+// Behind a NAT or a proxy many clients share an address: raise it there.
+func WithMaxConnsPerIP(n int) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.maxConnsIP = n })
+}
+
+// WithFirstFrameTimeout sets how long an accepted connection may take, from
+// accept, to finish its TLS handshake (if any) and deliver its first
+// complete frame (DefaultFirstFrameTimeout; 0 = only the idle timeout
+// applies). A connection that sends nothing, or trickles bytes without
+// completing a frame, is closed when it passes and counted in
+// ServerStats.FirstFrameTimeouts.
+func WithFirstFrameTimeout(d time.Duration) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.firstFrame = d })
+}
+
+// WithLimitLogInterval sets how often a Server logs, per kind of limit (the
+// fields of ServerStats), that connections were refused or closed for it
+// (DefaultLimitLogInterval): the first event of an interval is logged with
+// the number of events since the previous log line, the others are only
+// counted. 0 logs every event.
+func WithLimitLogInterval(d time.Duration) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.limitLog = d })
 }
 
 // WithPermissiveTLS makes a Server given WithTLSConfig accept both TLS and

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -152,10 +153,55 @@ func (sc *ServerConn) Close() error {
 	return nil
 }
 
-// ServerStats is a snapshot of a Server's counters.
+// ServerStats is a snapshot of a Server's counters. The counters after
+// Active count, since start, the connections refused or closed for a limit;
+// each kind is also logged, at most once per WithLimitLogInterval.
 type ServerStats struct {
-	Accepted int64 // connections accepted since start
-	Active   int64 // connections open now
+	Accepted int64 // connections accepted and served since start (refused ones excluded)
+	Active   int64 // connections open now (past their TLS handshake)
+
+	RejectedConns      int64 // closed at accept: WithMaxConns connections were open
+	RejectedConnsPerIP int64 // closed at accept: WithMaxConnsPerIP connections from its IP were open
+	FirstFrameTimeouts int64 // closed: no TLS handshake and complete frame within WithFirstFrameTimeout
+	IdleTimeouts       int64 // closed: no complete frame within WithIdleTimeout
+	WriteQueueFull     int64 // closed: a response found the write queue full (WithWriteQueueFrames)
+	WriteQueueBytes    int64 // closed: a response would exceed WithMaxQueuedBytes
+	WriteTimeouts      int64 // closed: a socket write did not finish within WithWriteTimeout
+	OversizedFrames    int64 // closed: a frame's length word exceeded WithMaxFrameSize
+}
+
+// limitKind names a limit whose hits a Server counts and logs.
+type limitKind int
+
+const (
+	limitConns limitKind = iota
+	limitConnsPerIP
+	limitFirstFrame
+	limitIdle
+	limitQueueFrames
+	limitQueueBytes
+	limitWriteTimeout
+	limitFrameSize
+	numLimits
+)
+
+// limitMessages are the log messages of the limits.
+var limitMessages = [numLimits]string{
+	limitConns:        "remoting: connection refused: too many connections",
+	limitConnsPerIP:   "remoting: connection refused: too many connections from one IP address",
+	limitFirstFrame:   "remoting: connection closed: no complete first frame in time",
+	limitIdle:         "remoting: connection closed: idle",
+	limitQueueFrames:  "remoting: connection closed: write queue full (peer not reading)",
+	limitQueueBytes:   "remoting: connection closed: queued output over its byte bound (peer not reading)",
+	limitWriteTimeout: "remoting: connection closed: write timed out (peer not reading)",
+	limitFrameSize:    "remoting: connection closed: frame larger than the maximum frame size",
+}
+
+// limitCounter counts the hits of one limit and rate-limits their logging.
+type limitCounter struct {
+	hits    atomic.Int64
+	logged  atomic.Int64 // hits when last logged
+	lastLog atomic.Int64 // unix nanoseconds of the last log line; 0 = never
 }
 
 // Server serves RocketMQ remoting requests: one Processor per request code,
@@ -188,24 +234,26 @@ type Server struct {
 		addr      net.Addr
 		serveErr  error
 		nextID    uint64
+		open      int                // connections being served, handshaking included
+		perIP     map[netip.Addr]int // open per remote IP
 	}
 	wg sync.WaitGroup
 
 	accepted atomic.Int64
+	limits   [numLimits]limitCounter
 }
 
 // NewServer returns a Server configured by opts; it serves nothing until
 // Serve or Listen.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	cfg := serverConfig{conn: defaultConnConfig()}
-	cfg.conn.handlers = DefaultServerHandlers
+	cfg := defaultServerConfig()
 	for _, o := range opts {
 		o.applyServer(&cfg)
 	}
 	if !cfg.conn.languageIsSet {
 		cfg.conn.language = protocol.LanguageJava
 	}
-	if err := cfg.conn.validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if cfg.permissive && cfg.conn.tls == nil {
@@ -215,6 +263,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.conns = make(map[*ServerConn]struct{})
+	s.mu.perIP = make(map[netip.Addr]int)
 	empty := map[int32]Processor{}
 	s.procs.Store(&empty)
 	return s, nil
@@ -277,7 +326,61 @@ func (s *Server) Stats() ServerStats {
 	s.mu.Lock()
 	active := int64(len(s.mu.conns))
 	s.mu.Unlock()
-	return ServerStats{Accepted: s.accepted.Load(), Active: active}
+	return ServerStats{
+		Accepted:           s.accepted.Load(),
+		Active:             active,
+		RejectedConns:      s.limits[limitConns].hits.Load(),
+		RejectedConnsPerIP: s.limits[limitConnsPerIP].hits.Load(),
+		FirstFrameTimeouts: s.limits[limitFirstFrame].hits.Load(),
+		IdleTimeouts:       s.limits[limitIdle].hits.Load(),
+		WriteQueueFull:     s.limits[limitQueueFrames].hits.Load(),
+		WriteQueueBytes:    s.limits[limitQueueBytes].hits.Load(),
+		WriteTimeouts:      s.limits[limitWriteTimeout].hits.Load(),
+		OversizedFrames:    s.limits[limitFrameSize].hits.Load(),
+	}
+}
+
+// limitHit counts a hit of limit k and logs it unless a hit of k was
+// logged less than the log interval ago; the line then says how many hits
+// there were since the previous one.
+func (s *Server) limitHit(k limitKind, remote net.Addr, args ...any) {
+	lc := &s.limits[k]
+	n := lc.hits.Add(1)
+	now := time.Now().UnixNano()
+	last := lc.lastLog.Load()
+	if last != 0 && now-last < int64(s.cfg.limitLog) {
+		return
+	}
+	if !lc.lastLog.CompareAndSwap(last, now) {
+		return // another goroutine logs this interval
+	}
+	lvl := slog.LevelWarn
+	if k == limitIdle {
+		lvl = slog.LevelInfo // clients that went away: routine
+	}
+	args = append(args, "remote", addrString(remote), "since_last_log", n-lc.logged.Swap(n), "total", n)
+	s.log.Log(context.Background(), lvl, limitMessages[k], args...)
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return "<unknown>"
+	}
+	return a.String()
+}
+
+// remoteIP returns the IP address of a TCP peer (IPv4-mapped addresses
+// unmapped), or the zero Addr for other kinds of peers.
+func remoteIP(a net.Addr) netip.Addr {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.Addr{}
+	}
+	return ip.Unmap()
 }
 
 // Conns returns a snapshot of the open connections.
@@ -353,19 +456,61 @@ func (s *Server) serve(l net.Listener) error {
 	}
 }
 
+// startConn serves nc on a new goroutine, or closes it at once when the
+// Server is closed (it then returns false) or a connection limit is reached.
 func (s *Server) startConn(nc net.Conn) bool {
+	ip := remoteIP(nc.RemoteAddr())
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.mu.closed {
+		s.mu.Unlock()
 		_ = nc.Close() // never served
 		return false
+	}
+	var refuse limitKind = -1
+	switch {
+	case s.cfg.maxConns > 0 && s.mu.open >= s.cfg.maxConns:
+		refuse = limitConns
+	case s.cfg.maxConnsIP > 0 && ip.IsValid() && s.mu.perIP[ip] >= s.cfg.maxConnsIP:
+		refuse = limitConnsPerIP
+	}
+	if refuse >= 0 {
+		s.mu.Unlock()
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // reset: no TIME_WAIT left behind by a flood
+		}
+		_ = nc.Close() // refused; nothing was read
+		limit := s.cfg.maxConns
+		if refuse == limitConnsPerIP {
+			limit = s.cfg.maxConnsIP
+		}
+		s.limitHit(refuse, nc.RemoteAddr(), "limit", limit)
+		return true
+	}
+	s.mu.open++
+	if ip.IsValid() {
+		s.mu.perIP[ip]++
 	}
 	s.accepted.Add(1)
 	s.mu.nextID++
 	id := s.mu.nextID
 	s.wg.Add(1)
-	go s.serveConn(nc, id)
+	go s.serveConn(nc, id, ip)
+	s.mu.Unlock()
 	return true
+}
+
+// release forgets a connection counted by startConn.
+func (s *Server) release(ip netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.open--
+	if ip.IsValid() {
+		if s.mu.perIP[ip] <= 1 {
+			delete(s.mu.perIP, ip)
+		} else {
+			s.mu.perIP[ip]--
+		}
+	}
 }
 
 // handshakeTimeout bounds a TLS handshake or the permissive-mode sniff.
@@ -380,6 +525,9 @@ func (s *Server) prepare(nc net.Conn) (net.Conn, error) {
 	d := handshakeTimeout
 	if it := s.cfg.conn.idleTimeout; it > 0 && it < d {
 		d = it
+	}
+	if ff := s.cfg.firstFrame; ff > 0 && ff < d {
+		d = ff
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, d)
 	defer cancel()
@@ -414,13 +562,18 @@ func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // serveConn runs one accepted connection: its reader runs here; its writer
 // and processors on goroutines joined before OnDisconnect.
-func (s *Server) serveConn(nc net.Conn, id uint64) {
+func (s *Server) serveConn(nc net.Conn, id uint64, ip netip.Addr) {
 	defer s.wg.Done()
+	defer s.release(ip)
+	accepted := time.Now()
 	raw := nc
 	nc, err := s.prepare(raw)
 	if err != nil {
 		s.log.Debug("remoting: dropping connection", "remote", raw.RemoteAddr().String(), "err", err)
 		_ = raw.Close() // handshake failed; nothing was served
+		if isTimeout(err) {
+			s.limitHit(limitFirstFrame, raw.RemoteAddr(), "timeout", s.cfg.firstFrame, "in", "TLS handshake")
+		}
 		return
 	}
 	sc := &ServerConn{id: id}
@@ -439,8 +592,12 @@ func (s *Server) serveConn(nc net.Conn, id uint64) {
 	if s.cfg.onConnect != nil {
 		s.cfg.onConnect(sc)
 	}
-	sc.Conn.shutdown(sc.Conn.readLoop())
+	stopFirst := s.firstFrameDeadline(sc, accepted)
+	rerr := sc.Conn.readLoop()
+	sc.Conn.shutdown(rerr)
+	stopFirst()
 	sc.Conn.wg.Wait()
+	s.countClose(sc, rerr)
 
 	s.mu.Lock()
 	delete(s.mu.conns, sc)
@@ -448,6 +605,58 @@ func (s *Server) serveConn(nc net.Conn, id uint64) {
 	if s.cfg.onDisconnect != nil {
 		s.cfg.onDisconnect(sc)
 	}
+}
+
+// firstFrameDeadline closes sc with ErrFirstFrameTimeout unless it has
+// read a complete frame by the first-frame timeout after accepted. The
+// returned func cancels the check and waits for it if it started.
+func (s *Server) firstFrameDeadline(sc *ServerConn, accepted time.Time) (stop func()) {
+	if s.cfg.firstFrame <= 0 {
+		return func() {}
+	}
+	fired := make(chan struct{})
+	t := time.AfterFunc(time.Until(accepted.Add(s.cfg.firstFrame)), func() {
+		defer close(fired)
+		if sc.Conn.framesIn.Load() == 0 {
+			sc.Conn.shutdown(ErrFirstFrameTimeout)
+		}
+	})
+	return func() {
+		if !t.Stop() {
+			<-fired
+		}
+	}
+}
+
+// countClose counts (and logs, rate-limited) a connection closed by one of
+// the limits. rerr is what its read loop returned: when that is the close
+// cause and a timeout, the idle timeout closed it; another timeout cause is
+// the writer's.
+func (s *Server) countClose(sc *ServerConn, rerr error) {
+	var ce *closedError
+	if !errors.As(sc.Err(), &ce) || ce.cause == nil {
+		return
+	}
+	cause := ce.cause
+	var args []any
+	var k limitKind
+	switch {
+	case errors.Is(cause, ErrFirstFrameTimeout):
+		k, args = limitFirstFrame, []any{"timeout", s.cfg.firstFrame}
+	case errors.Is(cause, ErrWriteQueueBytes):
+		k, args = limitQueueBytes, []any{"limit_bytes", s.cfg.conn.maxQueuedB}
+	case errors.Is(cause, ErrWriteQueueFull):
+		k, args = limitQueueFrames, []any{"limit_frames", s.cfg.conn.writeQueue}
+	case errors.Is(cause, protocol.ErrFrameTooLarge):
+		k, args = limitFrameSize, []any{"limit_bytes", s.cfg.conn.maxFrame}
+	case cause == rerr && isTimeout(cause):
+		k, args = limitIdle, []any{"timeout", s.cfg.conn.idleTimeout}
+	case cause != rerr && isTimeout(cause):
+		k, args = limitWriteTimeout, []any{"timeout", s.cfg.conn.writeTimeout}
+	default:
+		return
+	}
+	s.limitHit(k, sc.RemoteAddr(), args...)
 }
 
 // serveRequest runs one request through the controls and its processor.
