@@ -59,6 +59,7 @@ func benchPut(b *testing.B, mode FlushMode, conc, size int) {
 	b.StopTimer()
 	el := time.Since(start)
 	b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+	b.ReportMetric(float64(b.N)/float64(max(1, s.Rounds())), "puts/round")
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
 	if mode == FlushSync {
 		b.ReportMetric(float64(b.N)/float64(max(1, s.Syncs())), "puts/fsync")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -138,6 +139,7 @@ func (s *Store) runCommitter() {
 			return
 		}
 		size := pending[0].size
+		yielded := false
 	gather:
 		for size < s.opts.MaxBatchBytes {
 			select {
@@ -145,9 +147,20 @@ func (s *Store) runCommitter() {
 				pending = append(pending, r)
 				size += r.size
 			default:
-				break gather
+				if yielded {
+					break gather
+				}
+				// Let the goroutines that are runnable now (callers on
+				// their way to Put, typically woken by the previous
+				// round) reach the channel before this round closes.
+				// Without it a fast committer runs one Put per round
+				// under load, paying a Pebble commit and the meta writes
+				// per message; idle, it costs one scheduler pass.
+				yielded = true
+				runtime.Gosched()
 			}
 		}
+		s.rounds.Add(1)
 		err := s.commit(pending)
 		for i, r := range pending {
 			r.done <- err

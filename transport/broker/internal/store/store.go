@@ -200,6 +200,7 @@ type Store struct {
 	physPublished atomic.Int64
 	failure       atomic.Pointer[failure]
 	syncs         atomic.Int64
+	rounds        atomic.Int64
 	dirty         atomic.Bool
 
 	qmu struct {
@@ -475,6 +476,11 @@ func (s *Store) Close() error {
 // (one per committed round in SYNC mode, one per background sync in ASYNC
 // mode). Safe for concurrent use; for tests and metrics.
 func (s *Store) Syncs() int64 { return s.syncs.Load() }
+
+// Rounds returns how many commit rounds (Pebble batches of Put calls) the
+// committer ran; Put calls per round measure group commit. Safe for
+// concurrent use; for tests and metrics.
+func (s *Store) Rounds() int64 { return s.rounds.Load() }
 
 // lookupQueue returns the queue or nil.
 func (s *Store) lookupQueue(topic string, id int32) *queue {
