@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
@@ -91,6 +93,11 @@ type config struct {
 	pullMaxBytes     int
 	registerInterval time.Duration
 	remotingOpts     []remoting.ServerOption
+	policy           *acl.Policy
+	tlsMode          acl.TLSMode
+	tlsConfig        *tls.Config
+	nsCreds          *acl.Credentials // signs requests to name servers when set
+	nsTLS            *tls.Config      // dials name servers over TLS when set
 	sub              subsystemConfig
 	tx               txConfig
 }
@@ -189,6 +196,20 @@ func (c *config) validate() error {
 			return bad("advertised address %q must be ip:port: %v", c.advertised, err)
 		}
 	}
+	if c.nsCreds != nil && (c.nsCreds.AccessKey == "" || c.nsCreds.SecretKey == "") {
+		return bad("name server credentials need an access key and a secret key")
+	}
+	tlsOpts, err := acl.TLSServerOptions(c.tlsMode, c.tlsConfig)
+	if err != nil {
+		return bad("%v", err)
+	}
+	// Security options go first, so that the ACL interceptor judges a
+	// request before any interceptor passed with WithRemotingOptions.
+	var sec []remoting.ServerOption
+	if c.policy != nil {
+		sec = append(sec, c.policy.ServerOption())
+	}
+	c.remotingOpts = append(append(sec, tlsOpts...), c.remotingOpts...)
 	for _, ns := range c.nameServers {
 		if _, _, err := net.SplitHostPort(ns); err != nil {
 			return bad("name server address %q: %v", ns, err)
@@ -286,8 +307,57 @@ func WithRegisterInterval(d time.Duration) Option {
 // WithRemotingOptions passes options to the broker's remoting.Server (frame
 // size, TLS, idle timeout, handler concurrency, …). OnConnect/OnDisconnect
 // are owned by the broker; do not pass them.
+//
+// The server's resource limits are set this way; their defaults are the
+// remoting package's: remoting.WithMaxConns (10,000 connections),
+// remoting.WithMaxConnsPerIP (1,000 per remote IP), remoting.WithFirstFrameTimeout
+// (10 s from accept to the first complete frame), remoting.WithIdleTimeout
+// (120 s without a frame), remoting.WithWriteQueueFrames (4,096) and
+// remoting.WithMaxQueuedBytes (32 MiB) of responses queued for a client that
+// does not read, remoting.WithWriteTimeout (30 s per socket write) and
+// remoting.WithMaxFrameSize (16 MiB). Parked pulls are bounded by
+// WithLongPolling and message bodies by WithMaxMessageSize. Broker.ServerStats
+// counts the connections each limit refused or closed.
 func WithRemotingOptions(opts ...remoting.ServerOption) Option {
 	return optionFunc(func(c *config) { c.remotingOpts = append(c.remotingOpts, opts...) })
+}
+
+// WithACL makes the broker check every request with p (see package acl)
+// before any processor runs: requests must be signed by an account of p;
+// sends need PUB on the topic, pulls, offsets, heartbeats and locks SUB on
+// the topic and consumer group, administration codes an admin account; codes
+// p does not know are refused. A denied request is answered NO_PERMISSION
+// with a remark starting "acl: ". p may be reloaded while the broker runs
+// (p.Reload). A nil p leaves ACL off (the default). Combine it with WithTLS:
+// signatures authenticate requests but do not hide them.
+func WithACL(p *acl.Policy) Option {
+	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithTLS sets the TLS mode of the broker port: acl.TLSDisabled (the
+// default; cfg is ignored), acl.TLSPermissive (TLS and plain TCP on one
+// port, for migrating clients) or acl.TLSEnforcing (TLS only), with cfg the
+// server configuration (acl.ServerTLSConfig builds it from certificate, key
+// and optional client-CA files). New fails when a mode other than disabled
+// comes without cfg, or the mode is unknown.
+func WithTLS(mode acl.TLSMode, cfg *tls.Config) Option {
+	return optionFunc(func(c *config) { c.tlsMode, c.tlsConfig = mode, cfg })
+}
+
+// WithNameServerCredentials makes the broker sign every request it sends to
+// name servers (REGISTER_BROKER, UNREGISTER_BROKER) with cr, as RocketMQ's
+// ACL expects (acl.Sign). A name server with ACL needs an admin account for
+// them. Both keys must be set. Default: requests are not signed.
+func WithNameServerCredentials(cr acl.Credentials) Option {
+	return optionFunc(func(c *config) { c.nsCreds = &cr })
+}
+
+// WithNameServerTLS makes the broker dial name servers over TLS with cfg
+// (its RootCAs verify the name servers' certificates; its Certificates, if
+// any, are presented to those that ask for client certificates). A nil cfg
+// (the default) dials plain TCP.
+func WithNameServerTLS(cfg *tls.Config) Option {
+	return optionFunc(func(c *config) { c.nsTLS = cfg })
 }
 
 // WithDelayLevels sets the delays of message delay levels 1, 2, … (at most
@@ -338,3 +408,8 @@ func WithTransactionTimeout(d time.Duration) Option {
 func WithTransactionCheckMax(n int) Option {
 	return optionFunc(func(c *config) { c.tx.checkMax = n })
 }
+
+// ServerStats returns the counters of the broker's remoting server:
+// connections accepted and open, and those refused or closed by each of its
+// limits (see WithRemotingOptions). Safe for concurrent use.
+func (b *Broker) ServerStats() remoting.ServerStats { return b.srv.Stats() }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -84,7 +85,11 @@ func (r *registrar) conn(ctx context.Context) (*remoting.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, nsDialTimeout)
 	defer cancel()
-	c, err := remoting.Dial(dctx, r.addr, remoting.WithLogger(r.b.log))
+	opts := []remoting.Option{remoting.WithLogger(r.b.log)}
+	if cfg := r.b.cfg.nsTLS; cfg != nil {
+		opts = append(opts, remoting.WithTLSConfig(cfg))
+	}
+	c, err := remoting.Dial(dctx, r.addr, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +118,7 @@ func (r *registrar) registerOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.b.signForNameServer(req)
 	ictx, cancel := context.WithTimeout(ctx, nsInvokeTimeout)
 	defer cancel()
 	resp, err := c.Invoke(ictx, req)
@@ -232,6 +238,7 @@ func (r *registrar) unregister(ctx context.Context) error {
 		BrokerName: r.b.cfg.brokerName, BrokerAddr: r.b.hostStr, ClusterName: r.b.cfg.clusterName, BrokerID: 0,
 	}
 	h.Encode(req)
+	r.b.signForNameServer(req)
 	ictx, cancel := context.WithTimeout(ctx, nsInvokeTimeout)
 	defer cancel()
 	resp, err := c.Invoke(ictx, req)
@@ -239,6 +246,14 @@ func (r *registrar) unregister(ctx context.Context) error {
 		return err
 	}
 	return protocol.ResponseError(resp)
+}
+
+// signForNameServer signs req with the name server credentials, if any.
+// Call it last: the headers, body and body CRC must be final.
+func (b *Broker) signForNameServer(req *protocol.Command) {
+	if cr := b.cfg.nsCreds; cr != nil {
+		acl.Sign(req, *cr)
+	}
 }
 
 // goRegistrar runs a registrar loop on a goroutine joined by stopRegistrars.
