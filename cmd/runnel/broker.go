@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +21,7 @@ import (
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
+	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
 type brokerFlags struct {
@@ -39,6 +43,12 @@ type brokerFlags struct {
 	tlsCert       string
 	tlsKey        string
 	tlsClientCA   string
+	nsAccessKey   string
+	nsSecretFile  string
+	nsTLSCA       string
+	maxConns      int
+	maxConnsPerIP int
+	firstFrame    time.Duration
 }
 
 func newBrokerCmd() *cobra.Command {
@@ -55,12 +65,26 @@ other name servers with --no-namesrv --namesrv "host:port;host:port".
 A line starting with "runnel: ready" is printed on stdout once it serves.
 SIGINT or SIGTERM shut it down cleanly.
 
---acl-file and the --tls-* flags secure the embedded name server (for now
-together with --no-broker: the broker does not yet sign its registration nor
-dial name servers over TLS). With --acl-file every request must be signed by
-an account of the file (RocketMQ AccessKey/Signature) and TLS defaults to
-enforcing; SIGHUP reloads the file (an invalid file is reported and the
-previous one stays in force).`,
+Security. --acl-file and the --tls-* flags secure every port this process
+serves: the embedded name server and the broker. With --acl-file every request
+must be signed by an account of the file (RocketMQ AccessKey/Signature) and
+TLS defaults to enforcing; SIGHUP reloads the file (an invalid file is reported
+and the previous one stays in force).
+
+The broker signs its registrations with --namesrv-access-key and the secret
+key read from --namesrv-secret-key-file (secrets are never taken on the
+command line, where ps would show them). A name server with ACL requires an
+admin account for registrations; with the embedded name server the account
+is checked against --acl-file at start-up. The broker dials the embedded
+name server over TLS when its mode is enforcing, trusting exactly the
+certificate of --tls-cert (and presenting it as client certificate when
+--tls-client-ca asks for one); it dials other name servers over TLS when
+--namesrv-tls-ca names the CA bundle that verifies them.
+
+Limits. --max-conns and --max-conns-per-ip cap the connections of each port
+(0 = no cap); --first-frame-timeout closes a connection that sends no complete
+request in time. Each refused or closed connection is counted and logged at
+most once per 10 s per kind of limit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBroker(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -80,11 +104,17 @@ previous one stays in force).`,
 	fl.BoolVar(&f.noBroker, "no-broker", false, "run only the name server")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.shutdownWait, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
-	fl.StringVar(&f.aclFile, "acl-file", "", "name server ACL file (JSON accounts and permissions); SIGHUP reloads it")
-	fl.StringVar(&f.tlsMode, "tls-mode", "", "name server TLS mode: disabled, permissive or enforcing (default: enforcing with --acl-file, else disabled)")
-	fl.StringVar(&f.tlsCert, "tls-cert", "", "name server TLS certificate file (PEM)")
-	fl.StringVar(&f.tlsKey, "tls-key", "", "name server TLS private key file (PEM)")
+	fl.StringVar(&f.aclFile, "acl-file", "", "ACL file (JSON accounts and permissions) of the name server and broker ports; SIGHUP reloads it")
+	fl.StringVar(&f.tlsMode, "tls-mode", "", "TLS mode of the name server and broker ports: disabled, permissive or enforcing (default: enforcing with --acl-file, else disabled)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (PEM) of the name server and broker ports")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key file (PEM) of the name server and broker ports")
 	fl.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; makes client certificates mandatory on TLS connections")
+	fl.StringVar(&f.nsAccessKey, "namesrv-access-key", "", "access key the broker signs its name server requests with (needs --namesrv-secret-key-file)")
+	fl.StringVar(&f.nsSecretFile, "namesrv-secret-key-file", "", "file holding the secret key of --namesrv-access-key (surrounding whitespace ignored)")
+	fl.StringVar(&f.nsTLSCA, "namesrv-tls-ca", "", "CA bundle (PEM) verifying the name servers of --namesrv; makes the broker dial them over TLS")
+	fl.IntVar(&f.maxConns, "max-conns", remoting.DefaultMaxConns, "most connections open at once on each port (0 = no cap)")
+	fl.IntVar(&f.maxConnsPerIP, "max-conns-per-ip", remoting.DefaultMaxConnsPerIP, "most connections open at once from one IP address on each port (0 = no cap)")
+	fl.DurationVar(&f.firstFrame, "first-frame-timeout", remoting.DefaultFirstFrameTimeout, "close a connection that sends no complete request this long after connecting (0 = never)")
 	return cmd
 }
 
@@ -111,51 +141,178 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 	if f.shutdownWait <= 0 {
 		return 0, 0, fmt.Errorf("--shutdown-timeout %v: must be positive", f.shutdownWait)
 	}
+	switch {
+	case f.maxConns < 0:
+		return 0, 0, fmt.Errorf("--max-conns %d: must be 0 (no cap) or positive", f.maxConns)
+	case f.maxConnsPerIP < 0:
+		return 0, 0, fmt.Errorf("--max-conns-per-ip %d: must be 0 (no cap) or positive", f.maxConnsPerIP)
+	case f.firstFrame < 0:
+		return 0, 0, fmt.Errorf("--first-frame-timeout %v: must be 0 (never) or positive", f.firstFrame)
+	}
 	return mode, lvl, nil
 }
 
-// security builds the name server's ACL and TLS options from the flags. It
-// refuses combinations that cannot work yet instead of half-applying them.
-func (f *brokerFlags) security(log *slog.Logger) ([]namesrv.Option, *acl.Policy, acl.TLSMode, error) {
-	mode, err := acl.ResolveTLSMode(f.tlsMode, f.aclFile != "")
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("--tls-mode: %w", err)
+// limits returns the remoting options of the connection limits.
+func (f *brokerFlags) limits() []remoting.ServerOption {
+	return []remoting.ServerOption{
+		remoting.WithMaxConns(f.maxConns),
+		remoting.WithMaxConnsPerIP(f.maxConnsPerIP),
+		remoting.WithFirstFrameTimeout(f.firstFrame),
+	}
+}
+
+// secured is the security configuration the flags ask for.
+type secured struct {
+	policy    *acl.Policy      // nil without --acl-file
+	mode      acl.TLSMode      // of every port served
+	serverTLS *tls.Config      // nil when mode is disabled
+	nsCreds   *acl.Credentials // the broker's, for name server requests
+	nsTLS     *tls.Config      // the broker's, for dialling name servers
+}
+
+// security builds the ACL policy, the TLS configuration of the ports and
+// the broker's name server credentials from the flags. It refuses
+// combinations that cannot work instead of half-applying them.
+func (f *brokerFlags) security(log *slog.Logger) (*secured, error) {
+	sec := &secured{}
+	var err error
+	if sec.mode, err = acl.ResolveTLSMode(f.tlsMode, f.aclFile != ""); err != nil {
+		return nil, fmt.Errorf("--tls-mode: %w", err)
 	}
 	tlsFiles := f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != ""
-	if f.noNamesrv && (f.aclFile != "" || f.tlsMode != "" || tlsFiles) {
-		return nil, nil, 0, errors.New("--acl-file and --tls-* configure the embedded name server: not with --no-namesrv")
-	}
-	if !f.noBroker && (f.aclFile != "" || mode == acl.TLSEnforcing) {
-		// REGISTER_BROKER would be refused: the broker neither signs it nor dials over TLS yet.
-		return nil, nil, 0, errors.New("--acl-file and --tls-mode enforcing need --no-broker for now: " +
-			"the embedded broker cannot yet register with a name server that requires credentials or TLS")
-	}
-	var opts []namesrv.Option
-	if mode == acl.TLSDisabled {
+	if sec.mode == acl.TLSDisabled {
 		if tlsFiles {
-			return nil, nil, 0, errors.New("--tls-cert, --tls-key and --tls-client-ca need --tls-mode permissive or enforcing")
+			return nil, errors.New("--tls-cert, --tls-key and --tls-client-ca need --tls-mode permissive or enforcing")
 		}
-	} else {
-		cfg, err := acl.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
-		if err != nil {
-			if f.tlsMode == "" {
-				return nil, nil, 0, fmt.Errorf("--acl-file implies --tls-mode enforcing (override it explicitly to run without TLS): %w", err)
-			}
-			return nil, nil, 0, fmt.Errorf("--tls-mode %s: %w", mode, err)
+	} else if sec.serverTLS, err = acl.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA); err != nil {
+		if f.tlsMode == "" {
+			return nil, fmt.Errorf("--acl-file implies --tls-mode enforcing (override it explicitly to run without TLS): %w", err)
 		}
-		opts = append(opts, namesrv.WithTLS(mode, cfg))
+		return nil, fmt.Errorf("--tls-mode %s: %w", sec.mode, err)
 	}
-	var policy *acl.Policy
+	var cfg *acl.Config
 	if f.aclFile != "" {
-		if policy, err = acl.LoadPolicy(f.aclFile, acl.WithLogger(log)); err != nil {
-			return nil, nil, 0, fmt.Errorf("--acl-file: %w", err)
+		if cfg, err = acl.LoadConfig(f.aclFile); err != nil {
+			return nil, fmt.Errorf("--acl-file: %w", err)
 		}
-		opts = append(opts, namesrv.WithACL(policy))
-		if mode != acl.TLSEnforcing {
-			log.Warn("ACL without enforcing TLS: signed requests and their bodies can be read (and replayed) on the network", "tls", mode.String())
+		if sec.policy, err = acl.LoadPolicy(f.aclFile, acl.WithLogger(log)); err != nil {
+			return nil, fmt.Errorf("--acl-file: %w", err)
+		}
+		if sec.mode != acl.TLSEnforcing {
+			log.Warn("ACL without enforcing TLS: signed requests and their bodies can be read (and replayed) on the network", "tls", sec.mode.String())
 		}
 	}
-	return opts, policy, mode, nil
+	if err := f.brokerCredentials(sec, cfg, log); err != nil {
+		return nil, err
+	}
+	if err := f.brokerNameServerTLS(sec); err != nil {
+		return nil, err
+	}
+	return sec, nil
+}
+
+// brokerCredentials reads the broker's name server credentials and, with
+// the embedded name server under ACL, checks them against cfg.
+func (f *brokerFlags) brokerCredentials(sec *secured, cfg *acl.Config, log *slog.Logger) error {
+	if (f.nsAccessKey == "") != (f.nsSecretFile == "") {
+		return errors.New("--namesrv-access-key and --namesrv-secret-key-file go together")
+	}
+	embeddedACL := !f.noNamesrv && cfg != nil
+	if f.noBroker {
+		if f.nsAccessKey != "" || f.nsTLSCA != "" {
+			return errors.New("--namesrv-access-key, --namesrv-secret-key-file and --namesrv-tls-ca configure the broker: not with --no-broker")
+		}
+		return nil
+	}
+	if f.nsAccessKey == "" {
+		if embeddedACL {
+			return errors.New("the embedded name server requires signed registrations (--acl-file): " +
+				"give the broker an admin account of the file with --namesrv-access-key and --namesrv-secret-key-file")
+		}
+		return nil
+	}
+	fi, err := os.Stat(f.nsSecretFile)
+	if err != nil {
+		return fmt.Errorf("--namesrv-secret-key-file: %w", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > 4096 {
+		return fmt.Errorf("--namesrv-secret-key-file %s: want a regular file of at most 4 KiB", f.nsSecretFile)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the name server secret key file is readable by other users", "file", f.nsSecretFile, "mode", fi.Mode().Perm().String())
+	}
+	b, err := os.ReadFile(f.nsSecretFile)
+	if err != nil {
+		return fmt.Errorf("--namesrv-secret-key-file: %w", err)
+	}
+	secret := strings.TrimSpace(string(b))
+	if secret == "" {
+		return fmt.Errorf("--namesrv-secret-key-file %s is empty", f.nsSecretFile)
+	}
+	sec.nsCreds = &acl.Credentials{AccessKey: f.nsAccessKey, SecretKey: secret}
+	if embeddedACL {
+		var acct *acl.Account
+		for i := range cfg.Accounts {
+			if cfg.Accounts[i].AccessKey == f.nsAccessKey {
+				acct = &cfg.Accounts[i]
+			}
+		}
+		switch {
+		case acct == nil:
+			return fmt.Errorf("--namesrv-access-key %q is not an account of --acl-file", f.nsAccessKey)
+		case !acct.Admin:
+			return fmt.Errorf("--namesrv-access-key %q: registering a broker needs an admin account", f.nsAccessKey)
+		case acct.SecretKey != secret:
+			return fmt.Errorf("--namesrv-secret-key-file does not hold the secret key of %q in --acl-file", f.nsAccessKey)
+		}
+	}
+	return nil
+}
+
+// brokerNameServerTLS sets how the broker dials name servers: over TLS
+// verified by --namesrv-tls-ca, or, for the embedded name server in
+// enforcing mode, over TLS pinned to its own certificate.
+func (f *brokerFlags) brokerNameServerTLS(sec *secured) error {
+	if f.noBroker {
+		return nil
+	}
+	if f.nsTLSCA != "" {
+		pem, err := os.ReadFile(f.nsTLSCA)
+		if err != nil {
+			return fmt.Errorf("--namesrv-tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("--namesrv-tls-ca %s holds no PEM certificate", f.nsTLSCA)
+		}
+		sec.nsTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	} else if !f.noNamesrv && sec.mode == acl.TLSEnforcing {
+		sec.nsTLS = pinnedTLS(sec.serverTLS.Certificates[0].Certificate[0])
+	}
+	if sec.nsTLS != nil && f.tlsClientCA != "" && sec.serverTLS != nil {
+		// Name servers of this deployment ask for client certificates:
+		// present the one of --tls-cert.
+		sec.nsTLS.Certificates = sec.serverTLS.Certificates
+	}
+	return nil
+}
+
+// pinnedTLS is a client configuration that accepts exactly the server
+// certificate der: the broker dialling its own process's name server needs
+// no CA, and the certificate need not name 127.0.0.1.
+func pinnedTLS(der []byte) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// Chain and host name checks are replaced by the exact comparison
+		// below, which is stricter.
+		InsecureSkipVerify: true, //nolint:gosec // pinned in VerifyPeerCertificate
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || !bytes.Equal(raw[0], der) {
+				return errors.New("runnel: the name server did not present the embedded name server's certificate (--tls-cert)")
+			}
+			return nil
+		},
+	}
 }
 
 func defaultDataDir() (string, error) {
@@ -184,16 +341,19 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	secOpts, policy, tlsMode, err := f.security(log.With("component", "acl"))
+	sec, err := f.security(log.With("component", "acl"))
 	if err != nil {
 		return err
 	}
+	policy := sec.policy
 
 	var ns *namesrv.Server
 	nsAddrs := splitAddrs(f.namesrv)
 	if !f.noNamesrv {
-		ns, err = namesrv.New(append([]namesrv.Option{namesrv.WithListenAddr(f.namesrvListen),
-			namesrv.WithLogger(log.With("component", "namesrv"))}, secOpts...)...)
+		ns, err = namesrv.New(namesrv.WithListenAddr(f.namesrvListen),
+			namesrv.WithLogger(log.With("component", "namesrv")),
+			namesrv.WithACL(policy), namesrv.WithTLS(sec.mode, sec.serverTLS),
+			namesrv.WithRemotingOptions(f.limits()...))
 		if err != nil {
 			return err
 		}
@@ -226,6 +386,15 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 			broker.WithBrokerName(f.brokerName),
 			broker.WithClusterName(f.cluster),
 			broker.WithLogger(log.With("component", "broker")),
+			broker.WithACL(policy),
+			broker.WithTLS(sec.mode, sec.serverTLS),
+			broker.WithRemotingOptions(f.limits()...),
+		}
+		if sec.nsCreds != nil {
+			opts = append(opts, broker.WithNameServerCredentials(*sec.nsCreds))
+		}
+		if sec.nsTLS != nil {
+			opts = append(opts, broker.WithNameServerTLS(sec.nsTLS))
 		}
 		if f.advertise != "" {
 			opts = append(opts, broker.WithAdvertisedAddr(f.advertise))
@@ -241,13 +410,14 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 
 	line := "runnel: ready"
 	if ns != nil {
-		line += " namesrv=" + ns.Addr() + " tls=" + tlsMode.String()
-		if policy != nil {
-			line += " acl=on"
-		}
+		line += " namesrv=" + ns.Addr()
 	}
 	if b != nil {
 		line += " broker=" + b.AdvertisedAddr() + " flush=" + f.flush
+	}
+	line += " tls=" + sec.mode.String()
+	if policy != nil {
+		line += " acl=on"
 	}
 	fmt.Fprintln(stdout, line)
 	if ns != nil {

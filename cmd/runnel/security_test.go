@@ -224,6 +224,11 @@ func TestSecurityFlagErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := []string{"broker", "--no-broker", "--namesrv-listen", "127.0.0.1:0"}
+	both := []string{"broker", "--namesrv-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--data", t.TempDir()}
+	secret := writeFile(t, dir, "admin.secret", "admin-secret\n")
+	readerSecret := writeFile(t, dir, "reader.secret", "reader-secret")
+	empty := writeFile(t, dir, "empty.secret", " \n")
+	reader := writeFile(t, dir, "reader.json", aclTwoAccounts)
 	cases := []struct {
 		args []string
 		want string
@@ -234,8 +239,21 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(ns, "--tls-cert", certFile, "--tls-key", keyFile), "need --tls-mode permissive or enforcing"},
 		{append(ns, "--acl-file", bad, "--tls-mode", "disabled"), "accounts[0].secretKey: must be at least 6"},
 		{append(ns, "--acl-file", filepath.Join(dir, "none.json"), "--tls-mode", "disabled"), "no such file"},
-		{[]string{"broker", "--namesrv-listen", "127.0.0.1:0", "--acl-file", good, "--tls-mode", "disabled"}, "need --no-broker"},
-		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "not with --no-namesrv"},
+		{append(both, "--acl-file", good, "--tls-mode", "disabled"), "give the broker an admin account"},
+		{append(both, "--acl-file", good, "--tls-mode", "disabled", "--namesrv-access-key", "admin-ak"), "go together"},
+		{append(both, "--acl-file", good, "--tls-mode", "disabled", "--namesrv-access-key", "nobody", "--namesrv-secret-key-file", secret),
+			`"nobody" is not an account`},
+		{append(both, "--acl-file", reader, "--tls-mode", "disabled", "--namesrv-access-key", "reader-ak", "--namesrv-secret-key-file", readerSecret),
+			"needs an admin account"},
+		{append(both, "--acl-file", good, "--tls-mode", "disabled", "--namesrv-access-key", "admin-ak", "--namesrv-secret-key-file", readerSecret),
+			"does not hold the secret key"},
+		{append(both, "--acl-file", good, "--tls-mode", "disabled", "--namesrv-access-key", "admin-ak", "--namesrv-secret-key-file", empty),
+			"is empty"},
+		{append(ns, "--namesrv-access-key", "admin-ak", "--namesrv-secret-key-file", secret), "not with --no-broker"},
+		{append(both, "--namesrv-tls-ca", keyFile), "holds no PEM certificate"},
+		{append(both, "--max-conns", "-1"), "--max-conns -1"},
+		{append(both, "--max-conns-per-ip", "-2"), "--max-conns-per-ip -2"},
+		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "both a certificate file and a key file"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
@@ -250,6 +268,134 @@ func TestSecurityFlagErrors(t *testing.T) {
 				t.Fatalf("output does not mention %q:\n%s", tc.want, out)
 			}
 		})
+	}
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBrokerACLAndTLS runs `runnel broker` (name server and broker) with an
+// ACL file, enforcing TLS and the broker's registration credentials as a
+// real process: the broker registered (signed, over TLS) with the embedded
+// name server, a signed send over TLS is stored, an unsigned one and one
+// with a wrong secret are refused, plain TCP to the broker gets nothing.
+func TestBrokerACLAndTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	certFile, keyFile, cliTLS := writeCert(t, dir)
+	aclFile := writeFile(t, dir, "acl.json", aclTwoAccounts)
+	secretFile := writeFile(t, dir, "ns.secret", "admin-secret\n")
+	cmd := runnelCmd(ctx, "broker", "--namesrv-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+		"--data", filepath.Join(dir, "data"), "--log-level", "warn", "--flush", "async",
+		"--acl-file", aclFile, "--tls-cert", certFile, "--tls-key", keyFile,
+		"--namesrv-access-key", "admin-ak", "--namesrv-secret-key-file", secretFile,
+		"--max-conns", "100", "--max-conns-per-ip", "50")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	lines := bufio.NewScanner(stdout)
+	var ready string
+	for lines.Scan() {
+		if l := lines.Text(); strings.HasPrefix(l, "runnel: ready") {
+			ready = l
+			break
+		}
+	}
+	go func() { // drain until the process closes stdout
+		for lines.Scan() {
+		}
+	}()
+	if !strings.Contains(ready, " tls=enforcing") || !strings.Contains(ready, " acl=on") {
+		t.Fatalf("readiness line %q (stderr %s)", ready, stderr.String())
+	}
+	var nsAddr, brokerAddr string
+	for _, f := range strings.Fields(ready) {
+		if v, ok := strings.CutPrefix(f, "namesrv="); ok {
+			nsAddr = v
+		}
+		if v, ok := strings.CutPrefix(f, "broker="); ok {
+			brokerAddr = v
+		}
+	}
+	admin := acl.Credentials{AccessKey: "admin-ak", SecretKey: "admin-secret"}
+	nsConn, err := remoting.Dial(ctx, nsAddr, remoting.WithTLSConfig(cliTLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsConn.Close()
+	route := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
+	(&protocol.GetRouteInfoRequestHeader{Topic: "TBW102"}).Encode(route)
+	acl.Sign(route, admin)
+	resp, err := nsConn.Invoke(ctx, route)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Code != protocol.ResSuccess {
+		t.Fatalf("route of TBW102: %d %q: the broker did not register; stderr:\n%s", resp.Code, resp.Remark, stderr.String())
+	}
+
+	bc, err := remoting.Dial(ctx, brokerAddr, remoting.WithTLSConfig(cliTLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	send := func(cr *acl.Credentials) *protocol.Command {
+		req := protocol.NewRequest(protocol.ReqSendMessage)
+		(&protocol.SendMessageRequestHeader{ProducerGroup: "pg", Topic: "Orders", DefaultTopic: "TBW102",
+			DefaultTopicQueueNums: 4, BornTimestamp: time.Now().UnixMilli()}).Encode(req)
+		req.Body = []byte("order")
+		if cr != nil {
+			acl.Sign(req, *cr)
+		}
+		resp, err := bc.Invoke(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if r := send(&admin); r.Code != protocol.ResSuccess {
+		t.Fatalf("signed send: %d %q", r.Code, r.Remark)
+	}
+	if r := send(&acl.Credentials{AccessKey: "reader-ak", SecretKey: "reader-secret"}); r.Code != protocol.ResNoPermission {
+		t.Fatalf("send by a SUB-only account: %d %q", r.Code, r.Remark)
+	}
+	if r := send(nil); r.Code != protocol.ResNoPermission || !strings.HasPrefix(r.Remark, "acl: ") {
+		t.Fatalf("unsigned send: %d %q", r.Code, r.Remark)
+	}
+	if r := send(&acl.Credentials{AccessKey: "admin-ak", SecretKey: "wrong-secret"}); r.Code != protocol.ResNoPermission {
+		t.Fatalf("send with a wrong secret: %d %q", r.Code, r.Remark)
+	}
+	plain, err := remoting.Dial(ctx, brokerAddr)
+	if err == nil {
+		req := protocol.NewRequest(protocol.ReqHeartbeat)
+		_, err = plain.Invoke(ctx, req)
+		plain.Close()
+	}
+	if err == nil {
+		t.Fatal("plain TCP served by the broker's enforcing TLS port")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "registration failed") || strings.Contains(stderr.String(), "unregister failed") {
+		t.Fatalf("registration problems reported:\n%s", stderr.String())
 	}
 }
 
