@@ -59,7 +59,9 @@ func (c content) clone() content {
 	return content{ID: c.ID, Offsets: maps.Clone(c.Offsets), State: maps.Clone(c.State), Pending: maps.Clone(c.Pending)}
 }
 
-func stateID(uid string, kg uint16, key string) string { return fmt.Sprintf("%s\x00%d\x00%s", uid, kg, key) }
+func stateID(uid string, kg uint16, key string) string {
+	return fmt.Sprintf("%s\x00%d\x00%s", uid, kg, key)
+}
 func pendingID(p PendingCommit) string {
 	return fmt.Sprintf("%s/%d/%d", p.SinkUID, p.Subtask, p.CheckpointID)
 }

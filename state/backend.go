@@ -1,10 +1,15 @@
 package state
 
 import (
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/invariants"
 )
 
 var (
@@ -12,23 +17,20 @@ var (
 	ErrInvalid = errors.New("state: invalid argument")
 	// ErrNoCurrentKey is returned by handle calls before SetCurrentKey.
 	ErrNoCurrentKey = errors.New("state: no current key")
-	// ErrSnapshotDropped is returned by a Part's WriteTo when its snapshot was
-	// already committed or superseded.
-	ErrSnapshotDropped = errors.New("state: snapshot no longer pending")
-
-	errNotImplemented = errors.New("state: not implemented yet")
 )
 
-// DefaultWriteBufferLimit is the default size of the write-back layer above
+// DefaultWriteBufferLimit is the default size of the write-back layers above
 // which WantsCheckpoint reports true.
 const DefaultWriteBufferLimit = 64 << 20
+
+// MaxNameLen bounds state names.
+const MaxNameLen = 255
 
 // BackendOption configures a Backend.
 type BackendOption interface{ apply(*backendConfig) }
 
 type backendConfig struct {
-	kgStart, kgEnd uint16
-	kgSet          bool
+	kgStart, kgEnd int
 	bufferLimit    int64
 }
 
@@ -37,13 +39,13 @@ type backendOptionFunc func(*backendConfig)
 func (f backendOptionFunc) apply(c *backendConfig) { f(c) }
 
 // WithKeyGroupRange limits the backend to key groups [start, end) (see
-// KeyGroupRange). Default: every key group. Timers are loaded from, and
-// iteration covers, only these key groups.
+// KeyGroupRange). Default: every key group. Timers are loaded from these key
+// groups only.
 func WithKeyGroupRange(start, end uint16) BackendOption {
-	return backendOptionFunc(func(c *backendConfig) { c.kgStart, c.kgEnd, c.kgSet = start, end, true })
+	return backendOptionFunc(func(c *backendConfig) { c.kgStart, c.kgEnd = int(start), int(end) })
 }
 
-// WithWriteBufferLimit sets the write-back layer size (bytes) above which
+// WithWriteBufferLimit sets the write-back size (bytes) above which
 // WantsCheckpoint reports true. Default DefaultWriteBufferLimit.
 func WithWriteBufferLimit(bytes int64) BackendOption {
 	return backendOptionFunc(func(c *backendConfig) { c.bufferLimit = bytes })
@@ -53,18 +55,63 @@ func WithWriteBufferLimit(bytes int64) BackendOption {
 // safe for concurrent use: one goroutine (the subtask's) calls
 // SetCurrentKey, the handles, Snapshot, Committed and Aborted. The Part that
 // Snapshot returns is the exception: its WriteTo may run on the checkpoint
-// committer's goroutine while the subtask keeps processing.
+// committer's goroutine while the subtask keeps processing (it reads only
+// frozen layers, which nothing modifies).
+//
+// Reads go: current changes, then frozen changes (newest first), then the
+// committed data in the store. Nothing is written to the store except by a
+// Part inside checkpoint.Store.Commit.
 type Backend struct {
-	store *checkpoint.Store
-	uid   string
-	maxP  int
-	cfg   backendConfig
+	store  *checkpoint.Store
+	reader *checkpoint.StateReader
+	uid    string
+	maxP   int
+	cfg    backendConfig
+
+	cur    *layer
+	frozen []*layer // oldest first; still to be confirmed committed
+	lastID uint64
+
+	key     []byte // current key
+	keyPart []byte // uvarint(len(key)) | key
+	kg      uint16
+	hasKey  bool
+	epoch   uint64 // bumped by SetCurrentKey: handles cache their keys
+
+	rbuf   []byte            // committed reads
+	states map[string]string // name -> "kind=codec"
+	ttl    map[string]*stateConfig
 }
 
-// NewBackend returns the backend of operatorUID's subtask on store, whose
-// committed state it reads lazily (nothing is scanned up front).
+// NewBackend returns the backend of operatorUID's subtask on store. It reads
+// the committed state lazily (nothing is scanned up front).
 func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int, opts ...BackendOption) (*Backend, error) {
-	return nil, errNotImplemented
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalid)
+	}
+	if operatorUID == "" || len(operatorUID) > checkpoint.MaxUIDLen {
+		return nil, fmt.Errorf("%w: operator UID length %d", ErrInvalid, len(operatorUID))
+	}
+	if maxParallelism < 1 || maxParallelism > MaxMaxParallelism {
+		return nil, fmt.Errorf("%w: max parallelism %d (1..%d)", ErrInvalid, maxParallelism, MaxMaxParallelism)
+	}
+	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if cfg.kgStart < 0 || cfg.kgStart > cfg.kgEnd || cfg.kgEnd > maxParallelism {
+		return nil, fmt.Errorf("%w: key group range [%d, %d) of %d", ErrInvalid, cfg.kgStart, cfg.kgEnd, maxParallelism)
+	}
+	return &Backend{
+		store:  store,
+		reader: store.NewStateReader(operatorUID),
+		uid:    operatorUID,
+		maxP:   maxParallelism,
+		cfg:    cfg,
+		cur:    newLayer(),
+		states: map[string]string{},
+		ttl:    map[string]*stateConfig{},
+	}, nil
 }
 
 // OperatorUID returns the operator the backend belongs to.
@@ -74,49 +121,362 @@ func (b *Backend) OperatorUID() string { return b.uid }
 func (b *Backend) MaxParallelism() int { return b.maxP }
 
 // KeyGroupRange returns the key groups [start, end) of this backend.
-func (b *Backend) KeyGroupRange() (start, end uint16) { return b.cfg.kgStart, b.cfg.kgEnd }
+func (b *Backend) KeyGroupRange() (start, end uint16) {
+	return uint16(b.cfg.kgStart), uint16(b.cfg.kgEnd)
+}
 
 // SetCurrentKey selects the key (and its key group) that handles act on. The
 // backend copies key.
-func (b *Backend) SetCurrentKey(key []byte) {}
+func (b *Backend) SetCurrentKey(key []byte) {
+	b.SetCurrentKeyGroup(key, KeyGroup(key, b.maxP))
+}
 
 // SetCurrentKeyGroup is SetCurrentKey for a caller that already computed the
 // key group (it must equal KeyGroup(key, MaxParallelism())).
-func (b *Backend) SetCurrentKeyGroup(key []byte, keyGroup uint16) {}
+func (b *Backend) SetCurrentKeyGroup(key []byte, keyGroup uint16) {
+	if invariants.Enabled && keyGroup != KeyGroup(key, b.maxP) {
+		panic("state: SetCurrentKeyGroup with the wrong key group")
+	}
+	b.key = append(b.key[:0], key...)
+	b.keyPart = append(binary.AppendUvarint(b.keyPart[:0], uint64(len(key))), key...)
+	b.kg = keyGroup
+	b.hasKey = true
+	b.epoch++
+}
 
 // CurrentKey returns the current key (owned by the backend; do not modify).
-func (b *Backend) CurrentKey() []byte { return nil }
+func (b *Backend) CurrentKey() []byte { return b.key }
 
 // CurrentKeyGroup returns the current key's key group.
-func (b *Backend) CurrentKeyGroup() uint16 { return 0 }
+func (b *Backend) CurrentKeyGroup() uint16 { return b.kg }
+
+// register records a state name; names are unique per backend.
+func (b *Backend) register(name, kind, codecID string, cfg *stateConfig) ([]byte, error) {
+	if name == "" || len(name) > MaxNameLen {
+		return nil, fmt.Errorf("%w: state name length %d (1..%d)", ErrInvalid, len(name), MaxNameLen)
+	}
+	if _, dup := b.states[name]; dup {
+		return nil, fmt.Errorf("%w: state %q registered twice", ErrInvalid, name)
+	}
+	if cfg != nil && cfg.ttl < 0 {
+		return nil, fmt.Errorf("%w: negative TTL", ErrInvalid)
+	}
+	b.states[name] = kind + "=" + codecID
+	if cfg != nil && cfg.ttl > 0 {
+		if cfg.clock == nil {
+			cfg.clock = time.Now
+		}
+		b.ttl[name] = cfg
+	}
+	return append(binary.AppendUvarint(nil, uint64(len(name))), name...), nil
+}
+
+// Codecs returns "name:kind=codecID;…" of the states registered so far,
+// sorted by name: the Codecs field of the operator's checkpoint.OperatorInfo.
+func (b *Backend) Codecs() string {
+	parts := make([]string, 0, len(b.states))
+	for n, c := range b.states {
+		parts = append(parts, n+":"+c)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ";")
+}
+
+// layerKey appends keyGroup | stateKey parts to dst.
+func appendLayerKey(dst []byte, kg uint16, parts ...[]byte) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, kg)
+	for _, p := range parts {
+		dst = append(dst, p...)
+	}
+	return dst
+}
+
+// get reads a layer key through the layers and the store. The returned
+// slice is valid until the next backend call.
+func (b *Backend) get(key []byte) ([]byte, bool, error) {
+	if e, masked := b.cur.lookup(key); e != nil || masked {
+		return entryVal(e)
+	}
+	for i := len(b.frozen) - 1; i >= 0; i-- {
+		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
+			return entryVal(e)
+		}
+	}
+	var ok bool
+	var err error
+	b.rbuf, ok, err = b.reader.AppendValue(b.rbuf[:0], binary.BigEndian.Uint16(key), key[2:])
+	if err != nil {
+		return nil, false, fmt.Errorf("state: %s: %w", b.uid, err)
+	}
+	return b.rbuf, ok, nil
+}
+
+func entryVal(e *entry) ([]byte, bool, error) {
+	if e == nil || e.del {
+		return nil, false, nil
+	}
+	return e.val, true, nil
+}
+
+// inCurrent returns the current layer's own put of key, if any.
+func (b *Backend) inCurrent(key []byte) bool {
+	e, _ := b.cur.lookup(key)
+	return e != nil && !e.del
+}
+
+// scan calls fn, in key order, with every visible entry of keyGroup whose
+// state key starts with prefix: the layers merged over the store. fn gets
+// the state key (without the key group) and the value, both valid only
+// during the call; fn must not modify state (collect, then modify).
+func (b *Backend) scan(kg uint16, prefix []byte, fn func(stateKey, val []byte) (bool, error)) error {
+	lo := appendLayerKey(nil, kg, prefix)
+	hi := prefixEnd(lo)
+	los, his := string(lo), string(hi)
+	layers := make([]*layer, 0, 1+len(b.frozen)) // newest first
+	layers = append(layers, b.cur)
+	for i := len(b.frozen) - 1; i >= 0; i-- {
+		layers = append(layers, b.frozen[i])
+	}
+	var runs [][]string
+	for _, l := range layers {
+		for _, r := range l.runs() {
+			i := searchStrings(r, los)
+			j := len(r)
+			if hi != nil {
+				j = searchStrings(r, his)
+			}
+			if i < j {
+				runs = append(runs, r[i:j])
+			}
+		}
+	}
+	it, err := b.reader.NewIter(kg, prefix)
+	if err != nil {
+		return fmt.Errorf("state: %s: %w", b.uid, err)
+	}
+	defer func() { _ = it.Close() }()
+	kbuf := make([]byte, 2, 64)
+	binary.BigEndian.PutUint16(kbuf, kg)
+	for {
+		// The smallest key among the runs and the store.
+		var minKey string
+		have := false
+		for _, r := range runs {
+			if len(r) > 0 && (!have || r[0] < minKey) {
+				minKey, have = r[0], true
+			}
+		}
+		storeAt := false
+		if it.Valid() {
+			kbuf = append(kbuf[:2], it.Key()...)
+			if ks := unsafeString(kbuf); !have || ks <= minKey {
+				if !have || ks < minKey {
+					minKey = strings.Clone(ks)
+				}
+				have, storeAt = true, true
+			}
+		}
+		if !have {
+			return nil
+		}
+		// Resolve it newest first.
+		var val []byte
+		visible, decided := false, false
+		for _, l := range layers {
+			if e, masked := l.lookup(unsafeBytes(minKey)); e != nil || masked {
+				if e != nil && !e.del {
+					val, visible = e.val, true
+				}
+				decided = true
+				break
+			}
+		}
+		if !decided && storeAt {
+			v, err := it.Value()
+			if err != nil {
+				return fmt.Errorf("state: %s: %w", b.uid, err)
+			}
+			val, visible = v, true
+		}
+		if visible {
+			ok, err := fn(unsafeBytes(minKey)[2:], val)
+			if err != nil || !ok {
+				return err
+			}
+		}
+		for i, r := range runs {
+			for len(r) > 0 && r[0] == minKey {
+				r = r[1:]
+			}
+			runs[i] = r
+		}
+		if storeAt {
+			it.Next()
+		}
+	}
+}
+
+func searchStrings(r []string, k string) int {
+	lo, hi := 0, len(r)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if r[m] < k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+func unsafeBytes(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafeSlice(s)
+}
 
 // Snapshot freezes the changes made since the previous Snapshot and returns
-// them as the checkpoint Part of checkpoint id. Reads keep seeing the frozen
-// changes until Committed or Aborted. It takes O(1) (plus expiring TTL
-// entries of the changes).
-func (b *Backend) Snapshot(id uint64) checkpoint.Part { return nil }
+// them as the checkpoint Part of checkpoint id (which must be above every
+// earlier snapshot id). Reads keep seeing the frozen changes until
+// Committed. The Part also carries every older snapshot not yet Committed
+// (in flight or Aborted), so committing id alone is always complete. It
+// costs O(1) plus expiring the TTL entries among the changes.
+func (b *Backend) Snapshot(id uint64) checkpoint.Part {
+	if invariants.Enabled && id <= b.lastID && b.lastID != 0 {
+		panic("state: snapshot ids must increase")
+	}
+	b.lastID = id
+	b.expireCurrent()
+	b.cur.id = id
+	b.frozen = append(b.frozen, b.cur)
+	b.cur = newLayer()
+	return &part{uid: b.uid, layers: slices.Clone(b.frozen)}
+}
 
-// Committed tells the backend that checkpoint id (and every older one) is
-// durable: their frozen changes are dropped from memory.
-func (b *Backend) Committed(id uint64) {}
+// expireCurrent turns expired TTL entries of the current layer into
+// deletions.
+func (b *Backend) expireCurrent() {
+	if len(b.ttl) == 0 {
+		return
+	}
+	for k, i := range b.cur.index {
+		e := &b.cur.ents[i]
+		if e.del || len(k) < 3 {
+			continue
+		}
+		n, w := binary.Uvarint(unsafeBytes(k[2:]))
+		if w <= 0 || uint64(len(k)-2-w) < n {
+			continue
+		}
+		cfg := b.ttl[k[2+w:2+w+int(n)]]
+		if cfg == nil || len(e.val) < 8 {
+			continue
+		}
+		if expired(e.val, cfg) {
+			b.cur.bytes -= int64(len(e.val))
+			e.val, e.del = nil, true
+		}
+	}
+}
 
-// Aborted tells the backend that checkpoint id failed: its frozen changes
+// Committed tells the backend that checkpoint id is durable: the frozen
+// changes of id and older snapshots are dropped from memory.
+func (b *Backend) Committed(id uint64) {
+	n := 0
+	for n < len(b.frozen) && b.frozen[n].id <= id {
+		n++
+	}
+	if invariants.Enabled && n > 0 && invariants.Sometimes(20) {
+		b.checkDurable(b.frozen[n-1])
+	}
+	clear(b.frozen[:n])
+	b.frozen = b.frozen[n:]
+}
+
+// checkDurable verifies that a committed layer's puts are in the store
+// unless a newer layer has its own verdict on the key (invariants only).
+func (b *Backend) checkDurable(l *layer) {
+	newer := []*layer{b.cur}
+	for _, f := range b.frozen {
+		if f.id > l.id {
+			newer = append(newer, f)
+		}
+	}
+	checked := 0
+outer:
+	for k, i := range l.index {
+		if checked == 8 {
+			return
+		}
+		if l.ents[i].del {
+			continue
+		}
+		key := unsafeBytes(k)
+		for _, nl := range newer {
+			if e, masked := nl.lookup(key); e != nil || masked {
+				continue outer
+			}
+		}
+		v, ok, err := b.store.GetState(b.uid, binary.BigEndian.Uint16(key), key[2:])
+		if err == nil && (!ok || string(v) != string(l.ents[i].val)) {
+			panic("state: a committed change is not in the store")
+		}
+		checked++
+	}
+}
+
+// Aborted tells the backend that checkpoint id failed. Its frozen changes
 // stay visible (under newer changes) and are written again by the next
 // Snapshot's Part.
 func (b *Backend) Aborted(id uint64) {}
 
-// BufferedBytes returns the size of the write-back layers (current and
-// frozen).
-func (b *Backend) BufferedBytes() int64 { return 0 }
+// BufferedBytes returns the approximate size of the write-back layers
+// (current and frozen).
+func (b *Backend) BufferedBytes() int64 {
+	n := b.cur.bytes
+	for _, l := range b.frozen {
+		n += l.bytes
+	}
+	return n
+}
 
-// WantsCheckpoint reports that the write-back layer exceeds its limit: the
-// runtime should trigger a checkpoint soon (this is the backpressure signal;
-// the layer does not spill to disk).
-func (b *Backend) WantsCheckpoint() bool { return false }
+// WantsCheckpoint reports that the write-back layers exceed the limit set by
+// WithWriteBufferLimit: the runtime should trigger a checkpoint soon. This is
+// the backpressure signal; the layers do not spill to disk.
+func (b *Backend) WantsCheckpoint() bool { return b.BufferedBytes() > b.cfg.bufferLimit }
 
-// Codecs returns "name=codecID;…" of the states registered so far, sorted by
-// name: the Codecs field of the operator's checkpoint.OperatorInfo.
-func (b *Backend) Codecs() string { return "" }
+// part is the checkpoint.Part of one snapshot: the frozen layers it covers,
+// written oldest first.
+type part struct {
+	uid    string
+	layers []*layer
+}
+
+func (p *part) WriteTo(w *checkpoint.Writer) error {
+	for _, l := range p.layers {
+		for _, r := range l.ranges {
+			kg := binary.BigEndian.Uint16(unsafeBytes(r.from))
+			if err := w.DeleteStateRange(p.uid, kg, unsafeBytes(r.from)[2:], unsafeBytes(r.to)[2:]); err != nil {
+				return err
+			}
+		}
+		for k, i := range l.index {
+			key := unsafeBytes(k)
+			kg := binary.BigEndian.Uint16(key)
+			var err error
+			if e := &l.ents[i]; e.del {
+				err = w.DeleteState(p.uid, kg, key[2:])
+			} else {
+				err = w.PutState(p.uid, kg, key[2:], e.val)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // StateOption configures one state handle.
 type StateOption interface{ applyState(*stateConfig) }
@@ -130,9 +490,24 @@ type stateOptionFunc func(*stateConfig)
 
 func (f stateOptionFunc) applyState(c *stateConfig) { f(c) }
 
-// WithTTL expires entries d after their last write (Flink's OnCreateAndWrite):
-// expired entries are invisible, deleted when read and when a snapshot finds
-// them among the changes. clock nil means time.Now.
+// WithTTL expires entries d after their last write (Flink's
+// OnCreateAndWrite): expired entries are invisible, deleted when a read
+// finds them and when a Snapshot finds them among the changes. clock nil
+// means time.Now. Entries are stored with an 8-byte expiry prefix, so adding
+// or removing a TTL changes the state's codec id (and the fingerprint).
 func WithTTL(d time.Duration, clock func() time.Time) StateOption {
 	return stateOptionFunc(func(c *stateConfig) { c.ttl, c.clock = d, clock })
+}
+
+func stateConfigOf(opts []StateOption) *stateConfig {
+	c := &stateConfig{}
+	for _, o := range opts {
+		o.applyState(c)
+	}
+	return c
+}
+
+// expired reports whether a TTL value (expiry prefix) has expired.
+func expired(val []byte, cfg *stateConfig) bool {
+	return int64(binary.BigEndian.Uint64(val)) <= cfg.clock().UnixNano()
 }

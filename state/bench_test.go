@@ -1,0 +1,152 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+)
+
+func benchKeys(n int) [][]byte {
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("user-%08d", i))
+	}
+	return keys
+}
+
+// BenchmarkValueGetSet is the keyed-count hot path: SetCurrentKey, Get, Set
+// on 10k keys in the write-back layer.
+func BenchmarkValueGetSet(b *testing.B) {
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	v := must(NewValue(be, "count", Int64Codec()))
+	keys := benchKeys(10000)
+	for _, k := range keys {
+		be.SetCurrentKey(k)
+		v.Set(0)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		be.SetCurrentKey(keys[i%len(keys)])
+		n, _, err := v.Get()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := v.Set(n + 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkValueGetCommitted reads values that are only in the store.
+func BenchmarkValueGetCommitted(b *testing.B) {
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	v := must(NewValue(be, "count", Int64Codec()))
+	keys := benchKeys(10000)
+	for _, k := range keys {
+		be.SetCurrentKey(k)
+		v.Set(1)
+	}
+	checkpointNow(b, s, be, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		be.SetCurrentKey(keys[i%len(keys)])
+		if _, ok, err := v.Get(); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
+func BenchmarkMapPut(b *testing.B) {
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	m := must(NewMap(be, "m", Int64Codec(), Int64Codec()))
+	keys := benchKeys(1000)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		be.SetCurrentKey(keys[i%len(keys)])
+		if err := m.Put(int64(i%64), int64(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSnapshotCommit measures Snapshot + Commit (one synced batch) of n
+// changed keys and reports the p50/p99 commit latency.
+func BenchmarkSnapshotCommit(b *testing.B) {
+	for _, n := range []int{10000, 100000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := openStore(b, b.TempDir())
+			be := newBackend(b, s)
+			v := must(NewValue(be, "count", Int64Codec()))
+			keys := benchKeys(n)
+			var lat []time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				for _, k := range keys {
+					be.SetCurrentKey(k)
+					v.Set(int64(i))
+				}
+				b.StartTimer()
+				start := time.Now()
+				p := be.Snapshot(uint64(i + 1))
+				if _, err := s.Commit(context.Background(), &checkpoint.Commit{ID: uint64(i + 1), Parts: []checkpoint.Part{p}}); err != nil {
+					b.Fatal(err)
+				}
+				be.Committed(uint64(i + 1))
+				lat = append(lat, time.Since(start))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+		})
+	}
+}
+
+// BenchmarkRestart1M measures reopening a store holding 1M keys of state and
+// reading the first key (restart-to-first-read: no scan at open).
+func BenchmarkRestart1M(b *testing.B) {
+	dir := b.TempDir()
+	s, err := checkpoint.Open(dir, checkpoint.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := newBackend(b, s)
+	v := must(NewValue(be, "count", Int64Codec()))
+	keys := benchKeys(1_000_000)
+	for i, k := range keys {
+		be.SetCurrentKey(k)
+		v.Set(int64(i))
+		if (i+1)%250000 == 0 {
+			checkpointNow(b, s, be, uint64(i+1))
+		}
+	}
+	s.Close()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		s, err := checkpoint.Open(dir, checkpoint.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		be := must(NewBackend(s, "op", DefaultMaxParallelism))
+		v := must(NewValue(be, "count", Int64Codec()))
+		be.SetCurrentKey(keys[len(keys)/2])
+		if x, ok, err := v.Get(); err != nil || !ok || x != int64(len(keys)/2) {
+			b.Fatal(x, ok, err)
+		}
+		b.StopTimer()
+		s.Close()
+		b.StartTimer()
+	}
+}

@@ -1,0 +1,218 @@
+package state
+
+import (
+	"slices"
+	"sort"
+	"unsafe"
+)
+
+// A layer is one generation of the write-back buffer: the changes made
+// between two Snapshots. Keys are "layer keys": keyGroup(2 BE) | state key.
+// The current layer is mutable (owned by the backend's goroutine); a frozen
+// layer is never mutated again except for its lazily built sort caches
+// (which Part.WriteTo does not read).
+type layer struct {
+	id    uint64            // snapshot id once frozen
+	index map[string]uint32 // key -> ents index; keys live in the arena
+	ents  []entry
+	// ranges are range deletions as sorted, non-overlapping [from, to)
+	// layer-key intervals; they mask older layers and the store. A key put
+	// after a range deletion is in index and wins over the range.
+	ranges []keyRange
+	arena  arena
+	bytes  int64
+
+	// Sort caches for ordered iteration: sorted is an immutable sorted run;
+	// tail holds keys added since (unsorted); tailSorted caches a sorted
+	// copy of tail. Runs may hold keys no longer in index (removed by a
+	// range deletion) and duplicates; readers resolve keys through index.
+	sorted     []string
+	tail       []string
+	tailSorted []string
+}
+
+type entry struct {
+	val []byte
+	del bool
+}
+
+type keyRange struct{ from, to string }
+
+func newLayer() *layer {
+	return &layer{index: make(map[string]uint32)}
+}
+
+// unsafeString views b as a string without copying; the caller guarantees b
+// is not modified while the string is in use.
+func unsafeString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// lookup returns the layer's verdict on key: found (with del saying whether
+// it is a deletion) or not known to this layer.
+func (l *layer) lookup(key []byte) (e *entry, masked bool) {
+	if i, ok := l.index[string(key)]; ok {
+		return &l.ents[i], false
+	}
+	if len(l.ranges) != 0 && l.covered(unsafeString(key)) {
+		return nil, true
+	}
+	return nil, false
+}
+
+func (l *layer) covered(k string) bool {
+	i := sort.Search(len(l.ranges), func(i int) bool { return l.ranges[i].to > k })
+	return i < len(l.ranges) && l.ranges[i].from <= k
+}
+
+// put sets key to val (copied). An existing value is overwritten in place
+// when it fits.
+func (l *layer) put(key, val []byte) {
+	if i, ok := l.index[string(key)]; ok {
+		e := &l.ents[i]
+		if !e.del && cap(e.val) >= len(val) {
+			l.bytes += int64(len(val) - len(e.val))
+			e.val = e.val[:len(val)]
+			copy(e.val, val)
+			return
+		}
+		l.bytes += int64(len(val) - len(e.val))
+		e.val, e.del = l.arena.copy(val), false
+		return
+	}
+	l.insert(key, entry{val: l.arena.copy(val)})
+}
+
+// appendTo appends extra to key's value, which must be a put in this layer.
+func (l *layer) appendTo(key, extra []byte) bool {
+	i, ok := l.index[string(key)]
+	if !ok || l.ents[i].del {
+		return false
+	}
+	e := &l.ents[i]
+	e.val = append(e.val, extra...)
+	l.bytes += int64(len(extra))
+	return true
+}
+
+// del records the deletion of key.
+func (l *layer) del(key []byte) {
+	if i, ok := l.index[string(key)]; ok {
+		e := &l.ents[i]
+		l.bytes -= int64(len(e.val))
+		e.val, e.del = nil, true
+		return
+	}
+	l.insert(key, entry{del: true})
+}
+
+func (l *layer) insert(key []byte, e entry) {
+	k := unsafeString(l.arena.copy(key))
+	l.index[k] = uint32(len(l.ents))
+	l.ents = append(l.ents, e)
+	l.tail = append(l.tail, k)
+	l.tailSorted = nil
+	l.bytes += int64(len(key)+len(e.val)) + 48
+}
+
+// deleteRange deletes every key in [from, to): this layer's own entries
+// are dropped and the range masks older layers.
+func (l *layer) deleteRange(from, to []byte) {
+	f, t := string(from), string(to)
+	for _, run := range l.runs() {
+		lo := sort.SearchStrings(run, f)
+		for _, k := range run[lo:] {
+			if k >= t {
+				break
+			}
+			if i, ok := l.index[k]; ok {
+				l.bytes -= int64(len(l.ents[i].val))
+				delete(l.index, k)
+			}
+		}
+	}
+	// Insert [f, t) merging overlaps.
+	i := sort.Search(len(l.ranges), func(i int) bool { return l.ranges[i].to >= f })
+	j := i
+	for j < len(l.ranges) && l.ranges[j].from <= t {
+		f = min(f, l.ranges[j].from)
+		t = max(t, l.ranges[j].to)
+		j++
+	}
+	l.ranges = slices.Replace(l.ranges, i, j, keyRange{f, t})
+	l.bytes += int64(len(f) + len(t))
+}
+
+// runs returns the layer's sorted key runs (at most two). The returned
+// slices are never modified afterwards.
+func (l *layer) runs() [][]string {
+	if len(l.tail) > 1024 && len(l.tail) > len(l.sorted)/4 {
+		t := slices.Clone(l.tail)
+		slices.Sort(t)
+		merged := make([]string, 0, len(l.sorted)+len(t))
+		i, j := 0, 0
+		for i < len(l.sorted) && j < len(t) {
+			if l.sorted[i] <= t[j] {
+				merged = append(merged, l.sorted[i])
+				i++
+			} else {
+				merged = append(merged, t[j])
+				j++
+			}
+		}
+		merged = append(append(merged, l.sorted[i:]...), t[j:]...)
+		l.sorted, l.tail, l.tailSorted = merged, nil, nil
+	}
+	if len(l.tail) > 0 && l.tailSorted == nil {
+		l.tailSorted = slices.Clone(l.tail)
+		slices.Sort(l.tailSorted)
+	}
+	out := make([][]string, 0, 2)
+	if len(l.sorted) > 0 {
+		out = append(out, l.sorted)
+	}
+	if len(l.tailSorted) > 0 {
+		out = append(out, l.tailSorted)
+	}
+	return out
+}
+
+// arena holds keys and values of one layer in large chunks, so that a put
+// costs no allocation of its own. Memory is only reclaimed with the layer.
+type arena struct {
+	chunk []byte
+}
+
+const arenaChunk = 64 << 10
+
+func (a *arena) copy(b []byte) []byte {
+	n := len(b)
+	if n == 0 {
+		return []byte{}
+	}
+	if n > arenaChunk/8 {
+		return append(make([]byte, 0, n), b...)
+	}
+	if cap(a.chunk)-len(a.chunk) < n {
+		a.chunk = make([]byte, 0, arenaChunk)
+	}
+	s := len(a.chunk)
+	a.chunk = append(a.chunk, b...)
+	return a.chunk[s : s+n : s+n]
+}
+
+// prefixEnd returns the smallest key above every key with prefix p (nil
+// when p is all 0xff).
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}

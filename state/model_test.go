@@ -1,0 +1,134 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+)
+
+// TestRandomLayering drives Value and Map through random writes, snapshots,
+// commits, aborts and restarts and compares every read with a model: the
+// visible state is the model's; after a restart it is the model as of the
+// last committed checkpoint.
+func TestRandomLayering(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	dir := t.TempDir()
+	s, err := checkpoint.Open(dir, checkpoint.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	type model struct {
+		vals map[string]int64
+		maps map[string]map[int64]int64
+	}
+	cloneModel := func(m model) model {
+		c := model{vals: maps.Clone(m.vals), maps: map[string]map[int64]int64{}}
+		for k, v := range m.maps {
+			c.maps[k] = maps.Clone(v)
+		}
+		return c
+	}
+	cur := model{vals: map[string]int64{}, maps: map[string]map[int64]int64{}}
+	committed := cloneModel(cur)
+	snaps := map[uint64]model{} // pending snapshots' models
+	var inflight []uint64
+	var b *Backend
+	var v *Value[int64]
+	var m *Map[int64, int64]
+	open := func() {
+		b = must(NewBackend(s, "op", 16))
+		v = must(NewValue(b, "v", VarintCodec()))
+		m = must(NewMap(b, "m", Int64Codec(), VarintCodec()))
+	}
+	open()
+	id := uint64(0)
+	verify := func() {
+		t.Helper()
+		for i := range 30 {
+			k := fmt.Sprint("k", i)
+			b.SetCurrentKey([]byte(k))
+			got, ok, err := v.Get()
+			want, wok := cur.vals[k]
+			if err != nil || ok != wok || got != want {
+				t.Fatalf("value %s = %d %v %v, want %d %v", k, got, ok, err, want, wok)
+			}
+			n := 0
+			err = m.Range(func(mk, mv int64) bool {
+				n++
+				if w, ok := cur.maps[k][mk]; !ok || w != mv {
+					t.Fatalf("map %s[%d] = %d, want %d %v", k, mk, mv, w, ok)
+				}
+				return true
+			})
+			if err != nil || n != len(cur.maps[k]) {
+				t.Fatalf("map %s has %d entries, want %d (%v)", k, n, len(cur.maps[k]), err)
+			}
+		}
+	}
+	for step := range 3000 {
+		k := fmt.Sprint("k", rng.IntN(30))
+		b.SetCurrentKey([]byte(k))
+		switch r := rng.IntN(100); {
+		case r < 30:
+			x := rng.Int64N(1000)
+			v.Set(x)
+			cur.vals[k] = x
+		case r < 35:
+			v.Clear()
+			delete(cur.vals, k)
+		case r < 70:
+			mk, mv := rng.Int64N(20)-10, rng.Int64N(1000)
+			m.Put(mk, mv)
+			if cur.maps[k] == nil {
+				cur.maps[k] = map[int64]int64{}
+			}
+			cur.maps[k][mk] = mv
+		case r < 80:
+			mk := rng.Int64N(20) - 10
+			m.Delete(mk)
+			delete(cur.maps[k], mk)
+		case r < 83:
+			m.Clear()
+			delete(cur.maps, k)
+		case r < 90:
+			id++
+			p := b.Snapshot(id)
+			snaps[id] = cloneModel(cur)
+			inflight = append(inflight, id)
+			if rng.IntN(3) == 0 {
+				b.Aborted(id)
+				break
+			}
+			if _, err := s.Commit(context.Background(), &checkpoint.Commit{ID: id, Parts: []checkpoint.Part{p}}); err != nil {
+				t.Fatal(err)
+			}
+			if rng.IntN(4) != 0 { // sometimes the notification is late
+				b.Committed(id)
+			}
+			committed = snaps[id]
+		case r < 92:
+			// Restart: only the committed checkpoint survives.
+			s.Close()
+			s, err = checkpoint.Open(dir, checkpoint.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			open()
+			cur = cloneModel(committed)
+		default:
+			verify()
+		}
+		if step%500 == 0 {
+			verify()
+		}
+	}
+	verify()
+}
