@@ -187,7 +187,8 @@ type Broker struct {
 		err  error // their result
 	}
 
-	bufs sync.Pool // *[]byte record and response buffers
+	bufs  sync.Pool // *[]byte record and response buffers
+	sends sync.Pool // *pendingSend
 }
 
 // New returns a Broker configured by opts. It validates the options and
@@ -206,6 +207,7 @@ func New(opts ...Option) (*Broker, error) {
 	b.topics.init()
 	b.groups.init()
 	b.bufs.New = func() any { s := make([]byte, 0, 4096); return &s }
+	b.sends.New = func() any { return newPendingSend(b) }
 	b.lp = newLongPoll(b)
 	b.tx = newTransactions(b)
 	sopts := append([]remoting.ServerOption{

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -107,7 +108,7 @@ func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*pro
 	if batch {
 		return b.sendBatch(ctx, req, &tmpl, items)
 	}
-	return b.sendOne(ctx, req, &tmpl)
+	return b.sendOne(ctx, rc, &tmpl)
 }
 
 // checkSendTarget validates the topic and queue of a send, auto-creating
@@ -193,7 +194,12 @@ func isTransactional(sysFlag int32, props string) bool {
 // prepared sysFlag bits) is stored as a half message (transaction.go). The
 // response names the queue the client chose, also when the message was
 // moved to a schedule, timer or half queue (as Java does).
-func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundMessage) (*protocol.Command, error) {
+//
+// The store round is not waited for: the request is deferred and answered
+// by the store's committer once the round is durable (pendingSend), so
+// the handler goroutine is free for the next request at once.
+func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, m *InboundMessage) (*protocol.Command, error) {
+	req := rc.Request()
 	props, uniq := b.completeProperties(m.Properties)
 	if len(props) > protocol.MaxPropertiesLength {
 		return respond(req, protocol.ResMessageIllegal, "message properties longer than 32767 after the broker's additions"), nil
@@ -229,29 +235,106 @@ func (b *Broker) sendOne(ctx context.Context, req *protocol.Command, m *InboundM
 			return errorResponse(req, err), nil
 		}
 	}
-	res, err := b.storeOne(ctx, m)
+	p := b.sends.Get().(*pendingSend)
+	p.ctx, p.rc, p.m, p.queueID, p.uniq, p.half = ctx, rc, *m, queueID, uniq, half
+	bp := b.getBuf()
+	rec, tsPos, err := b.encodeRecord((*bp)[:0], &p.m)
+	*bp = rec
+	p.buf = bp
 	if err != nil {
+		p.release()
 		return errorResponse(req, err), nil
 	}
-	if half {
-		b.tx.prepared.Add(1)
-	} else if f := b.ext.afterStore; f != nil {
-		f(ctx, m, res)
+	p.msgs[0] = store.PutMessage{
+		Topic:             p.m.Topic,
+		QueueID:           p.m.QueueID,
+		Record:            rec,
+		StoreTimestampPos: tsPos,
+		TagsCode:          tagsCode(p.m.Properties),
+		Keys:              appendIndexKeys(p.keys[:0], p.m.Properties),
 	}
-	resp := protocol.NewResponse(req, protocol.ResSuccess, "")
-	rh := protocol.SendMessageResponseHeader{
-		MsgID:         res.MsgID,
-		QueueID:       queueID,
-		QueueOffset:   res.QueueOffset,
-		TransactionID: uniq,
-		MsgRegion:     defaultRegion,
-		TraceOn:       protocol.Some(true),
+	rc.Defer()
+	if err := b.store.PutAsync(ctx, p.msgs[:], p.res[:], p.done); err != nil {
+		p.release()
+		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
 	}
-	if u, ok := m.Property(protocol.PropUniqKey); ok {
-		rh.TransactionID = u
+	return nil, nil
+}
+
+// pendingSend is a single-message send whose store round is in flight: the
+// continuation the store's committer runs (finish) to answer the request.
+// Pooled; everything in it belongs to the round until finish runs.
+type pendingSend struct {
+	b *Broker
+	// ctx is the request's ctx, handed to the afterStore hook; it lives as
+	// long as the request.
+	ctx     context.Context
+	rc      *remoting.RequestCtx
+	m       InboundMessage
+	queueID int32 // the queue the client chose, answered in the response
+	uniq    string
+	half    bool
+	buf     *[]byte // the encoded record
+	msgs    [1]store.PutMessage
+	res     [1]store.PutResult
+	keys    [4]string
+	done    func(err error) // finish, bound once
+}
+
+func newPendingSend(b *Broker) *pendingSend {
+	p := &pendingSend{b: b}
+	p.done = p.finish
+	return p
+}
+
+// finish answers the request once its store round ended. It runs on the
+// store's committer goroutine: everything it does is non-blocking (the
+// afterStore hook must not block; Respond never does).
+func (p *pendingSend) finish(err error) {
+	b, rc := p.b, p.rc
+	req := rc.Request()
+	var resp *protocol.Command
+	if err != nil {
+		resp = errorResponse(req, storeError(err))
+	} else {
+		r := p.res[0]
+		if p.half {
+			b.tx.prepared.Add(1)
+		} else if f := b.ext.afterStore; f != nil {
+			f(p.ctx, &p.m, StoredResult{
+				QueueOffset:    r.QueueOffset,
+				PhysicalOffset: r.PhysicalOffset,
+				StoreTimestamp: r.StoreTimestamp,
+				MsgID:          protocol.OffsetMsgID(b.host, r.PhysicalOffset),
+			})
+		}
+		resp = protocol.NewResponse(req, protocol.ResSuccess, "")
+		rh := protocol.SendMessageResponseHeader{
+			QueueID:       p.queueID,
+			QueueOffset:   r.QueueOffset,
+			TransactionID: p.uniq,
+			MsgRegion:     defaultRegion,
+			TraceOn:       protocol.Some(true),
+		}
+		if u, ok := p.m.Property(protocol.PropUniqKey); ok {
+			rh.TransactionID = u
+		}
+		rh.Encode(resp)
+		var idBuf [protocol.OffsetMsgIDLenV6]byte
+		resp.SetExtBytes("msgId", protocol.AppendOffsetMsgID(idBuf[:0], b.host, r.PhysicalOffset))
 	}
-	rh.Encode(resp)
-	return resp, nil
+	p.release()
+	_ = rc.Respond(resp) // a failure closed the connection, which reports it
+}
+
+// release returns p and its record buffer to their pools.
+func (p *pendingSend) release() {
+	if p.buf != nil {
+		p.b.putBuf(p.buf)
+	}
+	b := p.b
+	*p = pendingSend{b: b, done: p.done}
+	b.sends.Put(p)
 }
 
 func (b *Broker) sendBatch(ctx context.Context, req *protocol.Command, tmpl *InboundMessage, items []batchItem) (*protocol.Command, error) {

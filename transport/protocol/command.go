@@ -133,6 +133,18 @@ func (c *Command) SetExtInt(key string, v int64) {
 	c.SetExt(key, aliasString(c.arena[start:]))
 }
 
+// SetExtBytes sets extField key to a copy of v, kept in the arena like the
+// numbers of SetExtInt, so that text built in a scratch buffer (a message
+// id) costs no allocation of its own.
+func (c *Command) SetExtBytes(key string, v []byte) {
+	if cap(c.arena)-len(c.arena) < len(v) {
+		c.arena = make([]byte, 0, max(256, len(v)))
+	}
+	start := len(c.arena)
+	c.arena = append(c.arena, v...)
+	c.SetExt(key, aliasString(c.arena[start:]))
+}
+
 // SetExtBool sets extField key to "true" or "false".
 func (c *Command) SetExtBool(key string, v bool) { c.SetExt(key, strconv.FormatBool(v)) }
 

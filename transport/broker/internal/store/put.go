@@ -37,13 +37,19 @@ type PutResult struct {
 	StoreTimestamp int64 // ms since the Unix epoch
 }
 
-// putRequest is one Put call handed to the committer.
+// putRequest is one Put or PutAsync call handed to the committer.
 type putRequest struct {
 	msgs []PutMessage
 	res  []PutResult
 	size int
-	done chan error // capacity 1
+	done chan error      // Put: capacity 1
+	cb   func(err error) // PutAsync: called by the committer instead
 }
+
+// putQueueLen is the capacity of the committer's request queue: PutAsync
+// callers queue without waiting while the committer is busy with a round
+// (an fsync in SYNC mode), and wait once this many calls are queued.
+const putQueueLen = 1024
 
 // Put appends msgs in order, atomically (all or none, one Pebble batch).
 // Several messages may target the same queue; they get consecutive offsets.
@@ -55,6 +61,49 @@ type putRequest struct {
 // outcome (one commit round) because the committer patches the records.
 // Put never returns a partial result.
 func (s *Store) Put(ctx context.Context, msgs []PutMessage) ([]PutResult, error) {
+	r, err := s.newPutRequest(msgs)
+	if err != nil {
+		return nil, err
+	}
+	r.res = make([]PutResult, len(msgs))
+	if err := s.submit(ctx, r); err != nil {
+		return nil, err
+	}
+	err = <-r.done
+	res := r.res
+	s.freePutRequest(r)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// PutAsync is Put without the wait: it queues msgs for the committer and
+// returns. Once the round holding them is committed (fsynced in FlushSync
+// mode, applied in FlushAsync mode) or failed, the committer fills res
+// (len(msgs) entries) and calls done exactly once with the round's error,
+// on the committer goroutine: done must return quickly, must not block and
+// must not call Put, PutAsync, TruncateBefore or DeleteTopic. msgs, their
+// records and res belong to the store until done is called (the committer
+// patches the records).
+//
+// A non-nil error means the call was refused (invalid messages, failed or
+// closed store, ctx ended while the queue was full) and done is never
+// called. ctx bounds only the wait for room in the queue.
+func (s *Store) PutAsync(ctx context.Context, msgs []PutMessage, res []PutResult, done func(err error)) error {
+	if len(res) != len(msgs) || done == nil {
+		return fmt.Errorf("%w: PutAsync needs one result slot per message and a callback", ErrInvalid)
+	}
+	r, err := s.newPutRequest(msgs)
+	if err != nil {
+		return err
+	}
+	r.res, r.cb = res, done
+	return s.submit(ctx, r)
+}
+
+// newPutRequest validates msgs and returns a pooled request for them.
+func (s *Store) newPutRequest(msgs []PutMessage) (*putRequest, error) {
 	size, err := s.validatePut(msgs)
 	if err != nil {
 		return nil, err
@@ -62,29 +111,52 @@ func (s *Store) Put(ctx context.Context, msgs []PutMessage) ([]PutResult, error)
 	if err := s.failedErr(); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	r := s.reqPool.Get().(*putRequest)
 	r.msgs, r.size = msgs, size
-	r.res = make([]PutResult, len(msgs))
+	return r, nil
+}
+
+func (s *Store) freePutRequest(r *putRequest) {
+	r.msgs, r.res, r.cb = nil, nil, nil
+	s.reqPool.Put(r)
+}
+
+// submit queues r for the committer. The call counts as active while it
+// queues, so Close (which waits for active calls before stopping the
+// committer) never strands a queued request; on error r is freed.
+func (s *Store) submit(ctx context.Context, r *putRequest) error {
+	if err := ctx.Err(); err != nil {
+		s.freePutRequest(r)
+		return err
+	}
+	if err := s.acquire(); err != nil {
+		s.freePutRequest(r)
+		return err
+	}
+	defer s.release()
 	select {
 	case s.reqs <- r:
+		return nil
+	default:
+	}
+	select {
+	case s.reqs <- r:
+		return nil
 	case <-ctx.Done():
-		r.msgs, r.res = nil, nil
-		s.reqPool.Put(r)
-		return nil, ctx.Err()
-	case <-s.quit:
-		return nil, ErrClosed
+		s.freePutRequest(r)
+		return ctx.Err()
 	}
-	err = <-r.done
-	res := r.res
-	r.msgs, r.res = nil, nil
-	s.reqPool.Put(r)
-	if err != nil {
-		return nil, err
+}
+
+// finish delivers a round's outcome to one request.
+func (s *Store) finish(r *putRequest, err error) {
+	if r.cb == nil {
+		r.done <- err // Put frees r
+		return
 	}
-	return res, nil
+	cb := r.cb
+	s.freePutRequest(r)
+	cb(err)
 }
 
 func (s *Store) validatePut(msgs []PutMessage) (int, error) {
@@ -136,7 +208,16 @@ func (s *Store) runCommitter() {
 		case r := <-s.reqs:
 			pending = append(pending[:0], r)
 		case <-s.quit:
-			return
+			// Close waited for every submit, so the queue holds all
+			// that is left.
+			for {
+				select {
+				case r := <-s.reqs:
+					s.finish(r, ErrClosed)
+				default:
+					return
+				}
+			}
 		}
 		size := pending[0].size
 		yielded := false
@@ -163,7 +244,7 @@ func (s *Store) runCommitter() {
 		s.rounds.Add(1)
 		err := s.commit(pending)
 		for i, r := range pending {
-			r.done <- err
+			s.finish(r, err)
 			pending[i] = nil
 		}
 	}

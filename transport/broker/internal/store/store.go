@@ -247,7 +247,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		db:   db,
 		opts: opts,
 		log:  opts.Logger,
-		reqs: make(chan *putRequest),
+		reqs: make(chan *putRequest, putQueueLen),
 		quit: make(chan struct{}),
 	}
 	s.qmu.m = make(map[queueKey]*queue)

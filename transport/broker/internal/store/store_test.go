@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -853,5 +854,98 @@ func TestClosed(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
+	}
+}
+
+// TestPutAsync checks PutAsync against Put: results, patched records, one
+// callback per call, interleaving with Put in one queue, refusal without a
+// callback, and callbacks racing with Close (each succeeds or gets
+// ErrClosed; none is lost).
+func TestPutAsync(t *testing.T) {
+	for _, mode := range []FlushMode{FlushSync, FlushAsync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			s := openTest(t, t.TempDir(), Options{FlushMode: mode})
+			const n = 200
+			var wg sync.WaitGroup
+			msgs := make([][]PutMessage, n)
+			res := make([][]PutResult, n)
+			calls := make([]atomic.Int32, n)
+			errs := make(chan error, n)
+			for i := range n {
+				msgs[i] = []PutMessage{msg("A", 0, fmt.Sprintf("a%d", i), fmt.Sprintf("k%d", i))}
+				res[i] = make([]PutResult, 1)
+				wg.Add(1)
+				err := s.PutAsync(context.Background(), msgs[i], res[i], func(err error) {
+					if calls[i].Add(1) == 1 {
+						errs <- err
+						wg.Done()
+					}
+				})
+				if err != nil {
+					t.Fatalf("PutAsync %d: %v", i, err)
+				}
+				if i%10 == 0 {
+					mustPut(t, s, msg("A", 0, fmt.Sprintf("p%d", i)))
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatalf("callback error: %v", err)
+				}
+			}
+			for i := range n {
+				if c := calls[i].Load(); c != 1 {
+					t.Fatalf("callback %d called %d times", i, c)
+				}
+				if got := recQueueOffset(msgs[i][0].Record); got != res[i][0].QueueOffset {
+					t.Fatalf("put %d: record offset %d, result %d", i, got, res[i][0].QueueOffset)
+				}
+			}
+			if got, want := len(getAll(t, s, "A", 0, 0)), n+n/10; got != want {
+				t.Fatalf("%d records, want %d", got, want)
+			}
+			if err := s.PutAsync(context.Background(), msgs[0], nil, func(error) { t.Error("callback of a refused call") }); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("PutAsync without result slots: %v", err)
+			}
+
+			// Racing with Close.
+			var done atomic.Int64
+			var submitted int64
+			var cw sync.WaitGroup
+			cw.Go(func() {
+				for {
+					r := make([]PutResult, 1)
+					err := s.PutAsync(context.Background(), []PutMessage{msg("B", 0, "b")}, r, func(err error) {
+						if err != nil && !errors.Is(err, ErrClosed) {
+							t.Errorf("callback: %v", err)
+						}
+						done.Add(1)
+					})
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+					if err != nil {
+						t.Errorf("PutAsync: %v", err)
+						return
+					}
+					submitted++
+				}
+			})
+			checkFor(t, 5*time.Second, func() error {
+				if max, _ := s.MaxOffset("B", 0); max < 50 {
+					return errors.New("waiting for puts")
+				}
+				return nil
+			})
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			cw.Wait()
+			if got := done.Load(); got != submitted {
+				t.Fatalf("%d callbacks for %d accepted calls", got, submitted)
+			}
+		})
 	}
 }
