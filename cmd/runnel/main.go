@@ -34,6 +34,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBrokerCmd())
+	root.AddCommand(newBrokerCmd(), newDemoCmd())
 	return root
 }

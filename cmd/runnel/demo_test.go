@@ -1,0 +1,61 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
+)
+
+// TestDemoCommand runs `runnel demo` as a real process on a small input and
+// checks its exit status and output: the progress bar, at least one
+// completed checkpoint, the totals and the top words with their exact counts.
+func TestDemoCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const lines, seed = 3000, 5
+	cmd := runnelCmd(ctx, "demo", "--lines", fmt.Sprint(lines), "--seed", fmt.Sprint(seed), "--top", "5", "--interval", "20ms")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, outb, stderr.String())
+	}
+	out := string(outb)
+
+	counts := wordcount.Count(wordcount.SampleLines(lines, seed))
+	var all []wordcount.WordCount
+	var words int64
+	for w, n := range counts {
+		all = append(all, wordcount.WordCount{Word: w, Count: n})
+		words += n
+	}
+	slices.SortFunc(all, func(a, b wordcount.WordCount) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Word, b.Word))
+	})
+	want := []string{
+		`(?m)^runnel demo: embedded name server 127\.0\.0\.1:\d+, broker 127\.0\.0\.1:\d+$`,
+		`producing 100% .*\(3000/3000`,
+		`(?m)^checkpoint 1 completed in `,
+		fmt.Sprintf(`(?m)^job finished in \S+: 3000 lines, %d words, %d distinct`, words, len(counts)),
+		`(?m)^top 5 words:$`,
+	}
+	for _, wc := range all[:5] {
+		want = append(want, fmt.Sprintf(`(?m)^  %s +%d$`, regexp.QuoteMeta(wc.Word), wc.Count))
+	}
+	want = append(want, `(?m)^runnel demo: done$`)
+	for _, re := range want {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("output lacks %s", re)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", out, stderr.String())
+	}
+}

@@ -1,0 +1,71 @@
+// Package rocketmq is runnel's RocketMQ source: a pull-mode, checkpointable
+// source.Source over one topic, read with runnel's client (package
+// transport/client) from a RocketMQ cluster or runnel's embedded broker.
+//
+//	src, err := rocketmq.New(c, "lines", rocketmq.WithStart(rocketmq.Earliest()),
+//		rocketmq.WithStop(rocketmq.StopAtLatest()))
+//	msgs := pipeline.FromSource(job, "lines", src)             // Stream[rocketmq.Message]
+//	raw := pipeline.FromBytes(job, "events", src.Bytes(), codec) // bodies decoded with a codec
+//
+// # Splits and offsets
+//
+// Every readable message queue of the topic is one split, with the stable ID
+// "brokerName/queueId". The job owns the offsets: a split's offset (what
+// SplitReader.Offset returns and the checkpoint stores) is the queue offset
+// after the last record Poll returned, plus the split's stop offset (see
+// Offset). The source never commits offsets to the broker on its own; after
+// each completed checkpoint it reports the checkpointed offset with
+// CommitOffset under its group (WithGroup), for lag tools only, and reading
+// never starts from that report unless the start position asks for it
+// (GroupOffset).
+//
+// # Start and stop positions
+//
+// When a split has no checkpointed offset it starts at the configured
+// StartPosition: Earliest (default), Latest, AtTimestamp, GroupOffset (the
+// broker's committed offset of the group, else a fallback) or Offsets
+// (explicit per-split offsets, else a fallback). A StopPosition makes the source
+// bounded: StopAtOffsets, StopAtLatest (the queue's max offset when the split
+// is first opened; it is kept in the checkpointed offset, so a restarted job
+// stops at the same place) or StopAtTimestamp. A bounded split returns
+// source.ErrEndOfSplit from Poll once done, and the job finishes when all its
+// sources have.
+//
+// # Reading
+//
+// Each open split has one fetch goroutine that pulls ahead with long polling
+// (WithPollTimeout, 500 ms by default) into a buffer bounded per split by
+// WithFlowControl (1000 messages / 100 MiB by default, RocketMQ's ProcessQueue
+// thresholds); Poll only takes from that buffer, so it returns as soon as
+// records are there or its ctx is cancelled (a barrier), and it never loses
+// records: the offset moves only with the records it returns. A TAG expression
+// (WithTagFilter) is applied by the broker and again by the client; records
+// skipped by the filter advance the offset without being returned.
+//
+// A pull at an offset the queue no longer holds (OFFSET_MOVED, after retention
+// or a truncated queue) resets the split to the earliest offset still
+// available (the broker's min offset) and logs a warning with the number of
+// offsets skipped; records that were deleted are lost, as they are for every
+// RocketMQ consumer. Pull errors are retried with backoff; WithPullRetries
+// consecutive failures make Poll fail, so the job fails and can be restarted
+// from its last checkpoint.
+//
+// # Records
+//
+// The source is a source.Source[Message]: Message carries the body and the
+// message's topic, queue, offset, keys, tags, properties and timestamps. Its
+// event time is the born timestamp (the producer's clock) unless
+// WithStoreTime selects the broker's store timestamp. Record.Raw is the body,
+// so dead letters of decoding failures (pipeline.FromSourceDecoded,
+// pipeline.FromBytes over Bytes) keep the original bytes. Message bodies and
+// properties share the pull response they came in: treat them as read-only,
+// and Clone a message to keep it long without pinning the whole response.
+//
+// # Discovery
+//
+// Source implements source.Discoverer: DiscoverSplits lists the topic's
+// current queues, and a split that was not listed by Splits and has no
+// checkpoint starts at its min offset. The runtime does not call
+// DiscoverSplits yet, so queues added while a job runs are read after its next
+// restart.
+package rocketmq

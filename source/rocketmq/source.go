@@ -1,0 +1,255 @@
+package rocketmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/runnel-dev/runnel/source"
+	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+var (
+	// ErrInvalidOption is wrapped by New's errors for unusable options.
+	ErrInvalidOption = errors.New("rocketmq source: invalid option")
+	// ErrInvalidSplit is returned by Open for a split ID that is not
+	// "brokerName/queueId".
+	ErrInvalidSplit = errors.New("rocketmq source: invalid split")
+	// ErrClosed is returned by Poll after Close.
+	ErrClosed = errors.New("rocketmq source: closed")
+)
+
+// Source reads one topic: one split per readable message queue. It
+// implements source.Source[Message] and source.Discoverer; Bytes adapts it to
+// source.Source[[]byte].
+//
+// A Source is safe for concurrent use (each split task opens its own
+// reader). It does not own the Client: close the Client after the job ends.
+type Source struct {
+	c     *client.Client
+	topic string
+	cfg   config
+	log   *slog.Logger
+
+	mu struct {
+		sync.Mutex
+		listed map[string]bool // splits returned by Splits
+	}
+}
+
+var (
+	_ source.Source[Message] = (*Source)(nil)
+	_ source.Discoverer      = (*Source)(nil)
+)
+
+// New returns a source of topic read through c. It validates the options and
+// does no I/O.
+func New(c *client.Client, topic string, opts ...Option) (*Source, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidOption)
+	}
+	if topic == "" {
+		return nil, fmt.Errorf("%w: empty topic", ErrInvalidOption)
+	}
+	cfg := config{
+		group:         "runnel_" + topic,
+		maxMsgs:       DefaultMaxBufferedMsgs,
+		maxBytes:      DefaultMaxBufferedBytes,
+		pollTimeout:   DefaultPollTimeout,
+		batch:         DefaultPullBatchSize,
+		retries:       DefaultPullRetries,
+		report:        true,
+		reportTimeout: DefaultReportTimeout,
+	}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if cfg.group == "" {
+		return nil, fmt.Errorf("%w: empty group", ErrInvalidOption)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Source{c: c, topic: topic, cfg: cfg, log: log.With("topic", topic)}
+	return s, nil
+}
+
+// Topic returns the topic the source reads.
+func (s *Source) Topic() string { return s.topic }
+
+// Group returns the consumer group the source pulls as.
+func (s *Source) Group() string { return s.cfg.group }
+
+// Splits implements source.Source: the topic's readable queues, sorted by
+// broker name then queue id. It asks a name server for the route (bounded by
+// ctx).
+func (s *Source) Splits(ctx context.Context) ([]source.Split, error) {
+	splits, err := s.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.mu.listed == nil {
+		s.mu.listed = make(map[string]bool, len(splits))
+	}
+	for _, sp := range splits {
+		s.mu.listed[sp.ID] = true
+	}
+	s.mu.Unlock()
+	return splits, nil
+}
+
+// DiscoverSplits implements source.Discoverer: the topic's current queues,
+// from a fresh route. Splits it finds that Splits did not list start at
+// their min offset when they have no checkpoint.
+func (s *Source) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
+	if _, err := s.c.RefreshRoute(ctx, s.topic); err != nil {
+		return nil, fmt.Errorf("rocketmq source: route of %s: %w", s.topic, err)
+	}
+	return s.list(ctx)
+}
+
+func (s *Source) list(ctx context.Context) ([]source.Split, error) {
+	r, err := s.c.Route(ctx, s.topic)
+	if err != nil {
+		return nil, fmt.Errorf("rocketmq source: route of %s: %w", s.topic, err)
+	}
+	qs := r.SubscribeQueues()
+	splits := make([]source.Split, len(qs))
+	for i, q := range qs {
+		splits[i] = source.Split{ID: splitID(q.BrokerName, q.QueueID)}
+	}
+	return splits, nil
+}
+
+// Open implements source.Source: it positions a reader on split at
+// restoredOffset (an encoded Offset) or, when nil, at the start position,
+// and starts its fetch goroutine. It may ask the broker for offsets (bounded
+// by ctx).
+func (s *Source) Open(ctx context.Context, split source.Split, restoredOffset []byte) (source.SplitReader[Message], error) {
+	return s.open(ctx, split, restoredOffset)
+}
+
+func (s *Source) open(ctx context.Context, split source.Split, restored []byte) (*reader, error) {
+	brokerName, queueID, err := parseSplitID(split.ID)
+	if err != nil {
+		return nil, err
+	}
+	q := protocol.MessageQueue{Topic: s.topic, BrokerName: brokerName, QueueID: queueID}
+	pos := Offset{End: -1}
+	if restored != nil {
+		if pos, err = DecodeOffset(restored); err != nil {
+			return nil, fmt.Errorf("rocketmq source: split %s: %w", split.ID, err)
+		}
+	} else {
+		start := s.cfg.start
+		s.mu.Lock()
+		discovered := s.mu.listed != nil && !s.mu.listed[split.ID]
+		s.mu.Unlock()
+		if discovered {
+			start = Earliest()
+		}
+		if pos.Next, err = s.startOffset(ctx, q, split.ID, start); err != nil {
+			return nil, err
+		}
+	}
+	switch s.cfg.stop.kind {
+	case stopNone, stopTimestamp:
+		pos.End = -1
+	case stopOffsets:
+		end, ok := s.cfg.stop.offsets[split.ID]
+		if !ok {
+			end = pos.Next // not listed: nothing to read
+		}
+		pos.End = end
+	case stopLatest:
+		if pos.End < 0 {
+			if pos.End, err = s.c.MaxOffset(ctx, q); err != nil {
+				return nil, fmt.Errorf("rocketmq source: stop offset of %s: %w", split.ID, err)
+			}
+		}
+	}
+	r := newReader(s, q, split.ID, pos)
+	return r, nil
+}
+
+// startOffset resolves a start position for q.
+func (s *Source) startOffset(ctx context.Context, q protocol.MessageQueue, id string, p StartPosition) (int64, error) {
+	var (
+		off int64
+		err error
+	)
+	switch p.kind {
+	case startEarliest:
+		off, err = s.c.MinOffset(ctx, q)
+	case startLatest:
+		off, err = s.c.MaxOffset(ctx, q)
+	case startTimestamp:
+		off, err = s.c.SearchOffset(ctx, q, p.t)
+	case startGroup:
+		off, err = s.c.QueryConsumerOffset(ctx, s.cfg.group, q)
+		if errors.Is(err, client.ErrNoOffset) || (err == nil && off < 0) {
+			return s.startOffset(ctx, q, id, *p.fallback)
+		}
+	case startOffsets:
+		v, ok := p.offsets[id]
+		if !ok {
+			return s.startOffset(ctx, q, id, *p.fallback)
+		}
+		return v, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("rocketmq source: start offset of %s: %w", id, err)
+	}
+	return off, nil
+}
+
+// Bytes returns the source as a source.Source[[]byte] of message bodies
+// (for pipeline.FromBytes); offsets and splits are the same.
+func (s *Source) Bytes() source.Source[[]byte] { return bytesSource{s} }
+
+type bytesSource struct{ s *Source }
+
+func (b bytesSource) Splits(ctx context.Context) ([]source.Split, error) { return b.s.Splits(ctx) }
+
+func (b bytesSource) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
+	return b.s.DiscoverSplits(ctx)
+}
+
+func (b bytesSource) Open(ctx context.Context, split source.Split, restored []byte) (source.SplitReader[[]byte], error) {
+	r, err := b.s.open(ctx, split, restored)
+	if err != nil {
+		return nil, err
+	}
+	return &bytesReader{r: r}, nil
+}
+
+// bytesReader converts a reader's records to bodies.
+type bytesReader struct {
+	r    *reader
+	recs []source.Record[[]byte]
+}
+
+func (b *bytesReader) Poll(ctx context.Context, max int) ([]source.Record[[]byte], error) {
+	in, err := b.r.Poll(ctx, max)
+	b.recs = b.recs[:0]
+	for i := range in {
+		b.recs = append(b.recs, source.Record[[]byte]{Value: in[i].Value.Body, EventTime: in[i].EventTime, Offset: in[i].Offset, Raw: in[i].Raw})
+	}
+	return b.recs, err
+}
+
+func (b *bytesReader) Offset() []byte { return b.r.Offset() }
+
+func (b *bytesReader) NotifyCheckpointComplete(ctx context.Context, id uint64) error {
+	return b.r.NotifyCheckpointComplete(ctx, id)
+}
+
+func (b *bytesReader) Close() error { return b.r.Close() }
