@@ -555,6 +555,14 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	if kt.timers, err = state.NewTimers(kt.backend, timerStateName); err != nil {
 		return err
 	}
+	wmStore, err := newKeyedWatermarkStore(kt.backend)
+	if err != nil {
+		return err
+	}
+	restoredWM, err := wmStore.restore(kt.backend)
+	if err != nil {
+		return fmt.Errorf("restore watermark: %w", err)
+	}
 	kt.fn = kt.newFn()
 	oc := &OpenContext{backend: kt.backend, subtask: kt.sub, parallelism: kt.n.parallelism, log: kt.j.cfg.logger}
 	if err := protectErr(func(f KeyedProcessFunc[K, T, U], oc *OpenContext) error { return f.Open(oc) }, kt.fn, oc); err != nil {
@@ -568,17 +576,14 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		}()
 	}
 	cnt := kt.b.counter(kt.n)
-	kt.kctx = &KeyedContext[K, U]{ctx: ctx, wm: math.MinInt64, emit: kt.emit, timers: kt.timers, backend: kt.backend,
+	kt.kctx = &KeyedContext[K, U]{ctx: ctx, wm: restoredWM, emit: kt.emit, timers: kt.timers, backend: kt.backend,
 		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt}
 	process := kt.fn.ProcessElement
 	kt.onTimer = kt.fn.OnTimer
 	ports := kt.b.ports
 	senders := kt.n.senders
 	al := newAligner(senders)
-	wms := make([]int64, senders)
-	for i := range wms {
-		wms[i] = math.MinInt64
-	}
+	wms := newInputWatermarks(senders, restoredWM)
 	procTimer := time.NewTimer(time.Hour)
 	procTimer.Stop()
 	defer procTimer.Stop()
@@ -592,6 +597,9 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		return nil
 	}
 	snapshot := func(id uint64) (runtime.Ack, error) {
+		if err := wmStore.save(kt.backend, kt.kctx.wm); err != nil {
+			return runtime.Ack{}, fmt.Errorf("save watermark: %w", err)
+		}
 		return runtime.Ack{Part: kt.backend.Snapshot(id)}, nil
 	}
 	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
@@ -600,7 +608,10 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 			return false, err
 		}
 		kt.b.flushCounters()
-		a, _ := snapshot(al.done)
+		a, err := snapshot(al.done)
+		if err != nil {
+			return false, err
+		}
 		h.Ack(al.done, a)
 		if err := barrierPorts(ctx, ports, al.done, al.maxStop); err != nil {
 			return false, err
@@ -609,23 +620,31 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		return al.maxStop, nil
 	}
 	advance := func() error {
-		wm := int64(math.MaxInt64)
-		for s, w := range wms {
-			if !al.eos[s] {
-				wm = min(wm, w)
+		wm, idle := wms.combined(al.eos)
+		if !idle && wms.outIdle {
+			wms.outIdle = false
+			if err := watermarkPorts(ctx, ports, max(kt.kctx.wm, activeNoWatermark)); err != nil {
+				return err
 			}
 		}
-		if wm <= kt.kctx.wm {
-			return nil
+		if wm > kt.kctx.wm {
+			kt.kctx.wm = wm
+			if err := kt.fire(ctx, state.EventTime, wm); err != nil {
+				return err
+			}
+			if wm == math.MaxInt64 {
+				return nil // the end of input: forwarded as EOS
+			}
+			if err := watermarkPorts(ctx, ports, wm); err != nil {
+				return err
+			}
+			wms.outIdle = false
 		}
-		kt.kctx.wm = wm
-		if err := kt.fire(ctx, state.EventTime, wm); err != nil {
-			return err
+		if idle && !wms.outIdle {
+			wms.outIdle = true
+			return watermarkPorts(ctx, ports, idleWatermark)
 		}
-		if wm == math.MaxInt64 {
-			return nil // the end of input: forwarded as EOS
-		}
-		return watermarkPorts(ctx, ports, wm)
+		return nil
 	}
 	idle := func() error {
 		kt.b.flushCounters()
@@ -682,8 +701,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 			}
 			putBatch(kt.in.pool, m.batch)
 		case msgWatermark:
-			if m.wm > wms[s] {
-				wms[s] = m.wm
+			if wms.update(s, m.wm) {
 				if err := advance(); err != nil {
 					return err
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
@@ -24,6 +23,7 @@ type sourceConfig struct {
 	validate   *bool
 	outOfOrder time.Duration
 	noWM       bool
+	wmx        watermarkOptions // watermark.go
 }
 
 // OnBadRecord sets the source's policy for records that fail to decode or
@@ -92,6 +92,7 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		validate = *cfg.validate
 	}
 	validate = validate && validatable[T]()
+	tsOf := checkWatermarkOptions[T](j, uid, &cfg)
 	if src == nil {
 		j.errorf("source %q is nil", uid)
 	}
@@ -118,12 +119,15 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		if err != nil {
 			return err
 		}
+		wm, err := newSplitWatermarks(r.engine.Store(), uid, split.ID, &cfg, j.cfg.clock)
+		if err != nil {
+			return err
+		}
 		st := &sourceTask[S, T]{
 			job: j, src: src, split: split, decode: decode, rawOf: rawOf, validate: validate,
 			key: checkpoint.SplitKey(uid, split.ID), restored: r.engine.RestoredOffset(uid, split.ID),
 			b: b, emit: emit, cnt: b.counter(n), reject: b.rejecterFor(n, uid, n.policy),
-			outOfOrder: cfg.outOfOrder.Nanoseconds(), watermarks: !cfg.noWM,
-			log: r.engine.Logger(),
+			tsOf: tsOf, wm: wm, log: r.engine.Logger(),
 		}
 		_, err = r.engine.AddTask(uid+"/"+split.ID, runtime.SourceTask, st.run)
 		return err
@@ -132,21 +136,21 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 }
 
 type sourceTask[S, T any] struct {
-	job        *Job
-	src        source.Source[S]
-	split      source.Split
-	decode     func(S) (T, error)
-	rawOf      func(S) []byte
-	validate   bool
-	key        string
-	restored   []byte
-	b          *chainBuilder
-	emit       emitFn[T]
-	cnt        *counter
-	reject     func(ctx context.Context, err error, v any, ts int64) error
-	outOfOrder int64
-	watermarks bool
-	log        interface {
+	job      *Job
+	src      source.Source[S]
+	split    source.Split
+	decode   func(S) (T, error)
+	rawOf    func(S) []byte
+	validate bool
+	key      string
+	restored []byte
+	b        *chainBuilder
+	emit     emitFn[T]
+	cnt      *counter
+	reject   func(ctx context.Context, err error, v any, ts int64) error
+	tsOf     func(T) time.Time
+	wm       *splitWatermarks
+	log      interface {
 		Warn(msg string, args ...any)
 	}
 }
@@ -185,9 +189,11 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		}
 		return nil
 	}
-	snapshot := func(uint64) (runtime.Ack, error) { return runtime.Ack{Offsets: offsets()}, nil }
+	snapshot := func(uint64) (runtime.Ack, error) { return runtime.Ack{Offsets: offsets(), Part: st.wm.part()}, nil }
 	var notes []runtime.Note
-	wm, maxTs := int64(math.MinInt64), int64(math.MinInt64)
+	if err := st.wm.start(ctx, ports); err != nil {
+		return err
+	}
 	for {
 		notes = h.Notes(notes[:0])
 		for _, n := range notes {
@@ -197,7 +203,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			if err := flushPorts(ctx, ports); err != nil {
 				return err
 			}
-			h.Ack(id, runtime.Ack{Offsets: offsets()})
+			h.Ack(id, runtime.Ack{Offsets: offsets(), Part: st.wm.part()})
 			if err := barrierPorts(ctx, ports, id, stop); err != nil {
 				return err
 			}
@@ -212,20 +218,26 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		if faulty {
 			prevOffset = reader.Offset()
 		}
-		pctx := h.PollContext(ctx)
+		pctx, cancel := st.wm.pollContext(h.PollContext(ctx))
 		recs, perr := reader.Poll(pctx, batchSize)
+		interrupted := pctx.Err() != nil
+		cancel()
 		if len(recs) > 0 {
-			if err := st.process(ctx, recs, &maxTs); err != nil {
+			if err := st.wm.beforeBatch(ctx, ports); err != nil {
+				return err
+			}
+			if err := st.process(ctx, recs); err != nil {
 				return err
 			}
 			if err := flushPorts(ctx, ports); err != nil {
 				return err
 			}
-			if st.watermarks && maxTs != math.MinInt64 && maxTs-st.outOfOrder-1 > wm {
-				wm = maxTs - st.outOfOrder - 1
-				if err := watermarkPorts(ctx, ports, wm); err != nil {
-					return err
-				}
+			if err := st.wm.emit(ctx, ports); err != nil {
+				return err
+			}
+		} else if perr == nil || interrupted {
+			if err := st.wm.quiet(ctx, ports); err != nil {
+				return err
 			}
 		}
 		switch {
@@ -237,7 +249,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			return finishedLoop(ctx, h, snapshot, onNote)
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case pctx.Err() != nil:
+		case interrupted:
 			// Poll interrupted to let the task inject a barrier or read notes.
 		default:
 			return fmt.Errorf("poll split %s: %w", st.split.ID, perr)
@@ -245,7 +257,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	}
 }
 
-func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S], maxTs *int64) error {
+func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]) error {
 	var now int64
 	b := st.b
 	for i := range recs {
@@ -259,7 +271,6 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 		} else {
 			ts = rec.EventTime.UnixNano()
 		}
-		*maxTs = max(*maxTs, ts)
 		b.meta.offset, b.meta.raw = rec.Offset, rec.Raw
 		st.cnt.in++
 		if st.rawOf != nil && b.meta.raw == nil {
@@ -277,6 +288,10 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 			}
 			continue
 		}
+		if st.tsOf != nil {
+			ts = st.tsOf(v).UnixNano()
+		}
+		st.wm.onEvent(ts)
 		st.cnt.out++
 		if err := st.emit(ctx, v, ts); err != nil {
 			return err
