@@ -2,7 +2,9 @@ package remoting
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -57,4 +59,40 @@ func BenchmarkInvokeParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkInvokeAsyncTimeout measures async round trips with 64 in flight
+// and a per-call timeout, enforced by a context.WithTimeout per call
+// (impl=ctx) or by the Conn's own sweep timer (impl=conn).
+func BenchmarkInvokeAsyncTimeout(b *testing.B) {
+	for _, impl := range []string{"ctx", "conn"} {
+		b.Run("impl="+impl, func(b *testing.B) {
+			c := benchServer(b)
+			sem := make(chan struct{}, 64)
+			var wg sync.WaitGroup
+			cb := func(resp *protocol.Command, err error) {
+				if err != nil {
+					b.Error(err)
+				}
+				<-sem
+				wg.Done()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				sem <- struct{}{}
+				wg.Add(1)
+				req := benchRequest()
+				if impl == "conn" {
+					c.InvokeAsyncTimeout(context.Background(), req, 3*time.Second, cb)
+					continue
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				c.InvokeAsync(ctx, req, func(resp *protocol.Command, err error) {
+					cancel()
+					cb(resp, err)
+				})
+			}
+			wg.Wait()
+		})
+	}
 }

@@ -56,6 +56,9 @@ type call struct {
 	ch     chan result                    // sync: buffered 1, receives exactly one result
 	cb     func(*protocol.Command, error) // async
 	stop   func() bool                    // async: stops the ctx AfterFunc; guarded by Conn.mu
+	// deadline, if set, is when an InvokeAsyncTimeout call times out; the
+	// Conn's sweep timer enforces it. Immutable once registered.
+	deadline time.Time
 }
 
 type result struct {
@@ -106,6 +109,12 @@ type Conn struct {
 		sync.Mutex
 		pending map[int32]*call // nil once closed
 		err     error           // the close error, set once
+		// sweep fails InvokeAsyncTimeout calls past their deadline: one
+		// timer per Conn, armed for the earliest deadline it knows of
+		// (sweepAt) while such calls are pending.
+		sweep   *time.Timer
+		sweepAt time.Time
+		timed   int // pending calls with a deadline
 	}
 
 	asyncSem   chan struct{}
@@ -267,6 +276,9 @@ func (c *Conn) shutdown(cause error) {
 		pending := c.mu.pending
 		c.mu.pending = nil
 		c.mu.err = err
+		if c.mu.sweep != nil {
+			c.mu.sweep.Stop()
+		}
 		// Read stop funcs while holding the lock that guards them.
 		stops := make([]func() bool, 0, len(pending))
 		for _, cl := range pending {
@@ -330,7 +342,78 @@ func (c *Conn) register(req *protocol.Command, cl *call) error {
 	req.Opaque, cl.opaque = op, op
 	c.mu.pending[op] = cl
 	c.inflight.Add(1)
+	if !cl.deadline.IsZero() {
+		c.mu.timed++
+		c.armSweepLocked(cl.deadline)
+	}
 	return nil
+}
+
+// sweepSlack is how late the sweep may fail a timed-out call: deadlines
+// within it of the armed time share one timer firing instead of re-arming.
+const sweepSlack = 5 * time.Millisecond
+
+// armSweepLocked makes sure the sweep fires by deadline (+ slack).
+// Requires c.mu.
+func (c *Conn) armSweepLocked(deadline time.Time) {
+	if c.mu.sweep == nil {
+		c.mu.sweepAt = deadline.Add(sweepSlack)
+		c.mu.sweep = time.AfterFunc(time.Until(c.mu.sweepAt), c.sweepExpired)
+		return
+	}
+	if !c.mu.sweepAt.IsZero() && !deadline.After(c.mu.sweepAt) && c.mu.sweepAt.Sub(deadline) <= sweepSlack {
+		return // the armed firing covers it
+	}
+	if !c.mu.sweepAt.IsZero() && c.mu.sweepAt.Before(deadline) {
+		return // fires earlier and re-arms for what is left
+	}
+	c.mu.sweepAt = deadline.Add(sweepSlack)
+	c.mu.sweep.Reset(time.Until(c.mu.sweepAt))
+}
+
+// sweepExpired runs on the sweep timer's goroutine: it fails every
+// InvokeAsyncTimeout call past its deadline with ErrTimeout and re-arms for
+// the earliest remaining one. It scans the pending table, at most once per
+// firing; firings are spaced by the deadlines themselves (plus slack).
+func (c *Conn) sweepExpired() {
+	now := time.Now()
+	type expired struct {
+		cl   *call
+		stop func() bool
+	}
+	var out []expired
+	c.mu.Lock()
+	if c.mu.pending == nil {
+		c.mu.Unlock()
+		return // closed: shutdown failed every call
+	}
+	c.mu.sweepAt = time.Time{}
+	var next time.Time
+	if c.mu.timed > 0 {
+		for op, cl := range c.mu.pending {
+			if cl.deadline.IsZero() {
+				continue
+			}
+			if !cl.deadline.After(now) {
+				delete(c.mu.pending, op)
+				c.inflight.Add(-1)
+				c.mu.timed--
+				out = append(out, expired{cl, cl.stop})
+				continue
+			}
+			if next.IsZero() || cl.deadline.Before(next) {
+				next = cl.deadline
+			}
+		}
+	}
+	if !next.IsZero() {
+		c.mu.sweepAt = next.Add(sweepSlack)
+		c.mu.sweep.Reset(time.Until(c.mu.sweepAt))
+	}
+	c.mu.Unlock()
+	for _, e := range out {
+		c.complete(e.cl, e.stop, nil, fmt.Errorf("remoting: request opaque %d: %w", e.cl.opaque, ErrTimeout))
+	}
 }
 
 // take removes cl from the pending table if it is still there, returning
@@ -343,6 +426,9 @@ func (c *Conn) take(cl *call) (stop func() bool, ok bool) {
 	}
 	delete(c.mu.pending, cl.opaque)
 	c.inflight.Add(-1)
+	if !cl.deadline.IsZero() {
+		c.mu.timed--
+	}
 	return cl.stop, true
 }
 
@@ -546,6 +632,26 @@ func (c *Conn) Invoke(ctx context.Context, req *protocol.Command) (*protocol.Com
 // Close from it); on a goroutine of context.AfterFunc when ctx ends first;
 // on the goroutine that closes the Conn otherwise. cb owns the response.
 func (c *Conn) InvokeAsync(ctx context.Context, req *protocol.Command, cb func(resp *protocol.Command, err error)) {
+	c.invokeAsync(ctx, req, time.Time{}, cb)
+}
+
+// InvokeAsyncTimeout is InvokeAsync with a timeout the Conn enforces
+// itself: when no response arrived within timeout of the call, cb gets an
+// error wrapping ErrTimeout (on the goroutine of the Conn's sweep timer).
+// It spares the per-call context.WithTimeout, timer and AfterFunc a
+// deadline on ctx costs: one timer per Conn serves every such call, and
+// fires up to a few milliseconds after a deadline. ctx still bounds the
+// call as for InvokeAsync (whichever ends first wins); timeout <= 0 means
+// none.
+func (c *Conn) InvokeAsyncTimeout(ctx context.Context, req *protocol.Command, timeout time.Duration, cb func(resp *protocol.Command, err error)) {
+	var dl time.Time
+	if timeout > 0 {
+		dl = time.Now().Add(timeout)
+	}
+	c.invokeAsync(ctx, req, dl, cb)
+}
+
+func (c *Conn) invokeAsync(ctx context.Context, req *protocol.Command, deadline time.Time, cb func(resp *protocol.Command, err error)) {
 	if ctx.Err() != nil {
 		cb(nil, callErr(req, ctxErr(ctx)))
 		return
@@ -556,7 +662,7 @@ func (c *Conn) InvokeAsync(ctx context.Context, req *protocol.Command, cb func(r
 	}
 	req.Flag &^= protocol.FlagResponse | protocol.FlagOneway
 	c.stamp(req)
-	cl := &call{cb: cb}
+	cl := &call{cb: cb, deadline: deadline}
 	if err := c.register(req, cl); err != nil {
 		<-c.asyncSem
 		cb(nil, callErr(req, err))
@@ -776,6 +882,9 @@ func (c *Conn) deliver(resp *protocol.Command) {
 		delete(c.mu.pending, resp.Opaque)
 		c.inflight.Add(-1)
 		stop = cl.stop
+		if !cl.deadline.IsZero() {
+			c.mu.timed--
+		}
 	}
 	c.mu.Unlock()
 	if !ok {
