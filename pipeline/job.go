@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	goruntime "runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-playground/validator/v10"
@@ -26,6 +27,9 @@ var (
 	ErrPanic = errors.New("pipeline: panic in user function")
 	// ErrRunTwice is returned when Run is called a second time.
 	ErrRunTwice = errors.New("pipeline: job already run")
+	// ErrTimerOutOfRange is returned by the timer methods of KeyedContext
+	// for a time outside int64 Unix nanoseconds (before 1678 or after 2262).
+	ErrTimerOutOfRange = errors.New("pipeline: timer time outside the int64 nanosecond range (years 1678-2262)")
 )
 
 // Codec is the encoding of one type (keys, state, source records): the
@@ -137,7 +141,8 @@ func InjectFaults(f Faults) JobOption { return jobOptionFunc(func(c *jobConfig) 
 
 // Job is a stream job under construction, then running. Building (the
 // functions that take a Job or Stream) is not safe for concurrent use; Run
-// may be called once.
+// may be called once. Name and Status are safe to call from any goroutine,
+// also while Run runs.
 type Job struct {
 	name   string
 	cfg    jobConfig
@@ -146,7 +151,7 @@ type Job struct {
 	dlqs   map[string]*node
 	errs   []error
 	ran    bool
-	engine *runtime.Engine
+	engine atomic.Pointer[runtime.Engine] // set by Run, read by Status
 }
 
 // New returns an empty job named name.
@@ -185,11 +190,13 @@ func (j *Job) errorf(format string, args ...any) {
 }
 
 // Status returns the running job's status (zero before Run).
+// It is safe for concurrent use with Run.
 func (j *Job) Status() runtime.Status {
-	if j.engine == nil {
+	eng := j.engine.Load()
+	if eng == nil {
 		return runtime.Status{Job: j.name}
 	}
-	return j.engine.Status()
+	return eng.Status()
 }
 
 // node kinds.
@@ -290,7 +297,7 @@ func (j *Job) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	j.engine = eng
+	j.engine.Store(eng)
 	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int)}
 	if err := r.plan(ctx); err != nil {
 		return errors.Join(err, eng.Close())

@@ -241,25 +241,58 @@ func (c *KeyedContext[K, U]) EmitAt(v U, ts time.Time) error {
 }
 
 // RegisterEventTimer registers a timer for the current key that fires when
-// the watermark reaches t (or when the input ends).
+// the watermark reaches t (or when the input ends). t must be representable
+// in int64 Unix nanoseconds (years 1678 to 2262): other times return an
+// error wrapping ErrTimerOutOfRange instead of silently overflowing.
 func (c *KeyedContext[K, U]) RegisterEventTimer(t time.Time) error {
-	return c.timers.Register(state.EventTime, t.UnixNano())
+	ns, err := timerNanos(t)
+	if err != nil {
+		return err
+	}
+	return c.timers.Register(state.EventTime, ns)
 }
 
-// DeleteEventTimer deletes the current key's event timer at t.
+// DeleteEventTimer deletes the current key's event timer at t (an error
+// wrapping ErrTimerOutOfRange for a t no timer can have).
 func (c *KeyedContext[K, U]) DeleteEventTimer(t time.Time) error {
-	return c.timers.Delete(state.EventTime, t.UnixNano())
+	ns, err := timerNanos(t)
+	if err != nil {
+		return err
+	}
+	return c.timers.Delete(state.EventTime, ns)
 }
 
 // RegisterProcessingTimer registers a timer for the current key that fires
-// when the job's clock reaches t.
+// when the job's clock reaches t. t must be representable in int64 Unix
+// nanoseconds (years 1678 to 2262): other times return an error wrapping
+// ErrTimerOutOfRange.
 func (c *KeyedContext[K, U]) RegisterProcessingTimer(t time.Time) error {
-	return c.timers.Register(state.ProcessingTime, t.UnixNano())
+	ns, err := timerNanos(t)
+	if err != nil {
+		return err
+	}
+	return c.timers.Register(state.ProcessingTime, ns)
 }
 
-// DeleteProcessingTimer deletes the current key's processing timer at t.
+// DeleteProcessingTimer deletes the current key's processing timer at t (an
+// error wrapping ErrTimerOutOfRange for a t no timer can have).
 func (c *KeyedContext[K, U]) DeleteProcessingTimer(t time.Time) error {
-	return c.timers.Delete(state.ProcessingTime, t.UnixNano())
+	ns, err := timerNanos(t)
+	if err != nil {
+		return err
+	}
+	return c.timers.Delete(state.ProcessingTime, ns)
+}
+
+// timerNanos converts a timer's time to Unix nanoseconds, refusing times
+// that do not fit in an int64 (time.Time.UnixNano's result is undefined
+// for them: a timer in 2300 would wrap to 1700 and fire at once).
+func timerNanos(t time.Time) (int64, error) {
+	ns := t.UnixNano()
+	if !time.Unix(0, ns).Equal(t) {
+		return 0, fmt.Errorf("%w: %s", ErrTimerOutOfRange, t.UTC().Format(time.RFC3339Nano))
+	}
+	return ns, nil
 }
 
 // KeyedProcessFunc is a keyed operator's user code. Process creates one
