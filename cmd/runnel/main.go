@@ -35,5 +35,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newBrokerCmd(), newDemoCmd())
+	root.AddCommand(newTopicCmd(), newProduceCmd(), newConsumeCmd(), newGroupCmd())
+	root.AddCommand(newCheckpointCmd(), newSavepointCmd())
 	return root
 }
