@@ -79,6 +79,7 @@ func (r *jobRun) plan(ctx context.Context) error {
 			return fmt.Errorf("pipeline: operator %q task %d: %w", t.node.uid, t.subtask, err)
 		}
 	}
+	r.enableDiscovery() // discovery.go
 	return nil
 }
 

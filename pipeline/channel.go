@@ -60,7 +60,7 @@ func (r *ring[R]) pop() message[R] {
 // block and unblockAll.
 type inbox[R any] struct {
 	notify chan struct{}   // receiver wake-up, cap 1
-	space  []chan struct{} // per-sender wake-up, cap 1
+	space  []chan struct{} // per-sender wake-up, cap 1; grows under mu (addSender)
 	pool   *sync.Pool      // of *[]R with capacity batchSize
 
 	mu struct {
@@ -100,9 +100,10 @@ func (in *inbox[R]) push(ctx context.Context, sender int, m message[R]) error {
 			poke(in.notify)
 			return nil
 		}
+		space := in.space[sender]
 		in.mu.Unlock()
 		select {
-		case <-in.space[sender]:
+		case <-space:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -133,8 +134,9 @@ func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan 
 			}
 			m := in.mu.q[j].pop()
 			in.mu.next = (j + 1) % n
+			space := in.space[j]
 			in.mu.Unlock()
-			poke(in.space[j])
+			poke(space)
 			return j, m, popMessage, nil
 		}
 		in.mu.Unlock()

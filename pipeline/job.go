@@ -161,6 +161,7 @@ func New(name string, opts ...JobOption) *Job {
 	j.cfg.parallelism = goruntime.GOMAXPROCS(0)
 	j.cfg.defaultSourcePol = Fail()
 	j.cfg.defaultOperatorPol = Fail()
+	j.cfg.discoveryInterval = DefaultDiscoveryInterval
 	for _, o := range opts {
 		o.applyJob(&j.cfg)
 	}
@@ -178,6 +179,9 @@ func New(name string, opts ...JobOption) *Job {
 	}
 	if j.cfg.parallelism < 1 {
 		j.errorf("default parallelism %d < 1", j.cfg.parallelism)
+	}
+	if j.cfg.discoveryInterval < 0 {
+		j.errorf("split discovery interval %v < 0", j.cfg.discoveryInterval)
 	}
 	return j
 }
@@ -246,6 +250,11 @@ type node struct {
 	setup func(r *jobRun) error
 	// restore runs before the tasks start (sink recovery).
 	restore func(ctx context.Context, r *jobRun) error
+	// discover (sources whose splits grow) adds a task per new split
+	// (discovery.go); addSender (exchange nodes) makes room in the inboxes
+	// for one more sender, whose index is senders-1.
+	discover  func(ctx context.Context, r *jobRun) error
+	addSender func()
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
@@ -293,6 +302,7 @@ func (j *Job) Run(ctx context.Context) error {
 		Logger:            j.cfg.logger,
 		Clock:             j.cfg.clock,
 		StatusAddr:        j.cfg.statusAddr,
+		DiscoveryInterval: j.cfg.discoveryInterval,
 	})
 	if err != nil {
 		return err

@@ -83,6 +83,7 @@ type krec[K comparable, T any] struct {
 	k  K
 	v  T
 	ts int64
+	kg uint16 // k's key group, computed once by the sender
 }
 
 // keyedPort is one task's output to the subtasks of a keyed operator.
@@ -104,16 +105,17 @@ func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
 		return fmt.Errorf("pipeline: encode key: %w", err)
 	}
 	p.scratch = kb
+	kg := state.KeyGroup(kb, p.maxP)
 	sub := 0
 	if len(p.ins) > 1 {
-		sub = state.SubtaskOf(state.KeyGroup(kb, p.maxP), p.maxP, len(p.ins))
+		sub = state.SubtaskOf(kg, p.maxP, len(p.ins))
 	}
 	b := p.bufs[sub]
 	if b == nil {
 		b = getBatch[krec[K, T]](p.pool)
 		p.bufs[sub] = b
 	}
-	*b = append(*b, krec[K, T]{k: k, v: v, ts: ts})
+	*b = append(*b, krec[K, T]{k: k, v: v, ts: ts, kg: kg})
 	if len(*b) >= batchSize {
 		p.bufs[sub] = nil
 		return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b})
@@ -513,6 +515,11 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		}
 		return nil
 	}
+	n.addSender = func() {
+		for _, in := range ins {
+			in.addSender()
+		}
+	}
 	n.buildInput = func(b *chainBuilder) (any, error) {
 		s, err := b.sender(n)
 		if err != nil {
@@ -614,7 +621,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	process := kt.fn.ProcessElement
 	kt.onTimer = kt.fn.OnTimer
 	ports := kt.b.ports
-	senders := kt.n.senders
+	senders := kt.in.senderCount() // discovery may add senders (discovery.go)
 	al := newAligner(senders)
 	wms := newInputWatermarks(senders, restoredWM)
 	procTimer := time.NewTimer(time.Hour)
@@ -713,6 +720,15 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		case popDone:
 			return err
 		}
+		if m.kind != msgData {
+			// A sender added by discovery must be aligned (and hold the
+			// watermark back) even before it sends anything.
+			if n := kt.in.senderCount(); n > senders {
+				senders = n
+				al.grow(senders)
+				wms.grow(senders)
+			}
+		}
 		switch m.kind {
 		case msgData:
 			batch := *m.batch
@@ -723,7 +739,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 					return fmt.Errorf("encode key: %w", err)
 				}
 				kt.scratch = kb
-				kt.backend.SetCurrentKey(kb)
+				kt.backend.SetCurrentKeyGroup(kb, r.kg)
 				kt.kctx.key, kt.kctx.ts = r.k, r.ts
 				cnt.in++
 				if err := callErr(ctx, kt.n.retry, process, kt.kctx, r.v); err != nil {

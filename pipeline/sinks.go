@@ -81,6 +81,7 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 		in = newInbox[rec[T]](n.senders, pool)
 		return nil
 	}
+	n.addSender = func() { in.addSender() }
 	n.buildInput = func(b *chainBuilder) (any, error) {
 		s, err := b.sender(n)
 		if err != nil {
@@ -188,7 +189,8 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 		}
 	}()
 	cnt := &counter{stats: st.n.stats}
-	al := newAligner(st.n.senders)
+	senders := st.in.senderCount() // discovery may add senders (discovery.go)
+	al := newAligner(senders)
 	var notes []runtime.Note
 	onNote := func(n runtime.Note) error { return st.onNote(ctx, h, n) }
 	snapshot := func(id uint64) (runtime.Ack, error) { return st.snapshot(ctx, id) }
@@ -225,6 +227,13 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 			continue
 		case popDone, popTimer:
 			return err
+		}
+		if m.kind == msgBarrier || m.kind == msgEOS {
+			// A sender added by discovery must be aligned even before it sends.
+			if n := st.in.senderCount(); n > senders {
+				senders = n
+				al.grow(senders)
+			}
 		}
 		switch m.kind {
 		case msgData:

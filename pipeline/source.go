@@ -111,6 +111,9 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		}
 		return len(splits), nil
 	}
+	if d, ok := any(src).(source.Discoverer); ok {
+		n.discover = discoverSplits(n, d, &splits)
+	}
 	n.startTask = func(r *jobRun, t *taskInfo) error {
 		split := splits[t.subtask]
 		b := newChainBuilder(r, t)

@@ -58,6 +58,9 @@ type Config struct {
 	// StatusAddr, when set, serves the JSON status endpoint there (host:port;
 	// port 0 picks one, see Engine.StatusAddr).
 	StatusAddr string
+	// DiscoveryInterval is the period of the discovery callback set with
+	// OnDiscover (0: only on demand, see DiscoverNow).
+	DiscoveryInterval time.Duration
 }
 
 // Engine runs one job's tasks and coordinates its checkpoints. Create it with
@@ -71,6 +74,8 @@ type Engine struct {
 	offsets map[string][]byte // restored, read-only after New
 
 	wake     chan struct{} // coordinator wake-up, cap 1
+	discover func(ctx context.Context) error
+	discNow  chan struct{} // DiscoverNow requests, cap 1
 	started  atomic.Bool
 	closed   atomic.Bool
 	ids      atomic.Uint64
@@ -85,6 +90,8 @@ type Engine struct {
 		resolved  []checkpoint.PendingCommit
 		carry     []checkpoint.PendingCommit
 		committed map[string][]byte // offsets as of the last completed checkpoint
+		added     []*Handle         // tasks added by the discovery callback, not started yet
+		adding    bool              // the discovery callback runs: AddTask may add tasks
 		history   []CheckpointStatus
 		operators []*OperatorStats
 		state     string
@@ -103,7 +110,7 @@ type inflight struct {
 // yet: offsets and pending commits are read by the tasks through
 // RestoredOffset and Store).
 func New(cfg Config) (*Engine, error) {
-	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.MinPause < 0 || cfg.TolerableFailures < 0 {
+	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.MinPause < 0 || cfg.TolerableFailures < 0 || cfg.DiscoveryInterval < 0 {
 		return nil, fmt.Errorf("%w: negative duration or failure count", ErrInvalidConfig)
 	}
 	if cfg.Timeout == 0 {
@@ -112,7 +119,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
+	e := &Engine{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), discNow: make(chan struct{}, 1)}
 	if e.log == nil {
 		e.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -212,17 +219,40 @@ const (
 // AddTask registers a task; Run starts it on its own goroutine with a context
 // cancelled on a fatal error. run must return nil only after Handle.Closing
 // reports true (or with ctx's error once ctx is done); any other return is
-// a job failure.
+// a job failure. After Run started, tasks can be added only from the
+// discovery callback (see OnDiscover); elsewhere AddTask returns ErrStarted.
 func (e *Engine) AddTask(name string, kind TaskKind, run func(ctx context.Context, h *Handle) error) (*Handle, error) {
-	if e.started.Load() {
-		return nil, ErrStarted
-	}
 	h := &Handle{e: e, name: name, kind: kind, run: run, wake: make(chan struct{}, 1)}
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started.Load() && !e.mu.adding {
+		return nil, ErrStarted
+	}
 	h.idx = len(e.mu.tasks)
 	e.mu.tasks = append(e.mu.tasks, h)
-	e.mu.Unlock()
+	if e.started.Load() {
+		e.mu.added = append(e.mu.added, h)
+	}
 	return h, nil
+}
+
+// OnDiscover sets the discovery callback (before Run): the coordinator
+// calls fn every Config.DiscoveryInterval and after DiscoverNow, only
+// between checkpoints and while no task has finished and the job is not
+// stopping. fn may call AddTask (e.g. a source task per new split, after
+// wiring it to its downstream tasks); the tasks it adds start when fn
+// returns and take part in every later checkpoint. An error from fn fails
+// the job, so fn should handle transient errors (log them and retry at
+// the next call) and return only those that leave the job inconsistent.
+func (e *Engine) OnDiscover(fn func(ctx context.Context) error) { e.discover = fn }
+
+// DiscoverNow asks the coordinator to call the discovery callback as soon as
+// no checkpoint is in flight. It does not block; requests coalesce.
+func (e *Engine) DiscoverNow() {
+	select {
+	case e.discNow <- struct{}{}:
+	default:
+	}
 }
 
 func (e *Engine) signal() {
@@ -257,7 +287,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	tasks := append([]*Handle(nil), e.mu.tasks...)
 	e.mu.state = "running"
 	e.mu.Unlock()
-	for _, h := range tasks {
+	start := func(h *Handle) {
 		wg.Go(func() {
 			err := h.run(taskCtx, h)
 			if err == nil && !h.Closing() {
@@ -271,7 +301,10 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		})
 	}
-	err := e.coordinate(ctx, tasks)
+	for _, h := range tasks {
+		start(h)
+	}
+	err := e.coordinate(ctx, &tasks, start)
 	if err != nil {
 		cancelTasks()
 	} else {
@@ -319,12 +352,46 @@ func (e *Engine) Close() error {
 
 // coordinate is the coordinator loop. It returns nil when the job ended
 // cleanly (final or stop checkpoint committed), else the fatal error.
-func (e *Engine) coordinate(ctx context.Context, tasks []*Handle) error {
+// Tasks added by discovery are appended to *all and started with start.
+func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Handle)) error {
+	tasks := *all
+	defer func() { *all = tasks }()
 	var tick <-chan time.Time
 	if e.cfg.Interval > 0 {
 		t := time.NewTicker(e.cfg.Interval)
 		defer t.Stop()
 		tick = t.C
+	}
+	var discTick <-chan time.Time
+	if e.discover != nil && e.cfg.DiscoveryInterval > 0 {
+		t := time.NewTicker(e.cfg.DiscoveryInterval)
+		defer t.Stop()
+		discTick = t.C
+	}
+	discPending := false
+	discover := func() error {
+		e.mu.Lock()
+		e.mu.adding = true
+		e.mu.Unlock()
+		dctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+		err := e.discover(dctx)
+		cancel()
+		e.mu.Lock()
+		e.mu.adding = false
+		added := e.mu.added
+		e.mu.added = nil
+		e.mu.Unlock()
+		for _, h := range added {
+			tasks = append(tasks, h)
+			start(h)
+		}
+		if len(added) > 0 {
+			e.log.Info("discovery added tasks", "job", e.cfg.Name, "tasks", len(added))
+		}
+		if err != nil {
+			return fmt.Errorf("runtime: discovery: %w", err)
+		}
+		return nil
 	}
 	var (
 		timeout   *time.Timer
@@ -399,6 +466,18 @@ func (e *Engine) coordinate(ctx context.Context, tasks []*Handle) error {
 			}
 			continue
 		}
+		if cp == nil && discPending {
+			discPending = false
+			e.mu.Lock()
+			anyFinished := e.mu.finished > 0
+			e.mu.Unlock()
+			if !stopping && !wantFinal && !anyFinished && e.discover != nil {
+				if err := discover(); err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		if cp == nil {
 			switch {
 			case stopping:
@@ -428,6 +507,10 @@ func (e *Engine) coordinate(ctx context.Context, tasks []*Handle) error {
 			if _, fatal := endCheckpoint(cp, fmt.Errorf("runtime: checkpoint %d timed out after %v (%d of %d tasks acknowledged)", cp.id, e.cfg.Timeout, len(cp.acks), len(tasks))); fatal != nil {
 				return fatal
 			}
+		case <-discTick:
+			discPending = true
+		case <-e.discNow:
+			discPending = true
 		case <-e.wake:
 		}
 	}

@@ -15,6 +15,10 @@ type layer struct {
 	id    uint64            // snapshot id once frozen
 	index map[string]uint32 // key -> ents index; keys live in the arena
 	ents  []entry
+	// memo is the index in ents of the entry last found or inserted (-1:
+	// none): a handle's Get then Set of the same key costs one map lookup.
+	// Only the backend's goroutine reads or writes it.
+	memo int32
 	// ranges are range deletions as sorted, non-overlapping [from, to)
 	// layer-key intervals; they mask older layers and the store. A key put
 	// after a range deletion is in index and wins over the range.
@@ -32,6 +36,7 @@ type layer struct {
 }
 
 type entry struct {
+	key string // the layer key (in the arena), for the memo check
 	val []byte
 	del bool
 }
@@ -39,7 +44,19 @@ type entry struct {
 type keyRange struct{ from, to string }
 
 func newLayer() *layer {
-	return &layer{index: make(map[string]uint32)}
+	return &layer{index: make(map[string]uint32), memo: -1}
+}
+
+// find returns the index in ents of key, if the layer has it.
+func (l *layer) find(key []byte) (uint32, bool) {
+	if m := l.memo; m >= 0 && l.ents[m].key == string(key) {
+		return uint32(m), true
+	}
+	i, ok := l.index[string(key)]
+	if ok {
+		l.memo = int32(i)
+	}
+	return i, ok
 }
 
 // unsafeString views b as a string without copying; the caller guarantees b
@@ -54,7 +71,7 @@ func unsafeString(b []byte) string {
 // lookup returns the layer's verdict on key: found (with del saying whether
 // it is a deletion) or not known to this layer.
 func (l *layer) lookup(key []byte) (e *entry, masked bool) {
-	if i, ok := l.index[string(key)]; ok {
+	if i, ok := l.find(key); ok {
 		return &l.ents[i], false
 	}
 	if len(l.ranges) != 0 && l.covered(unsafeString(key)) {
@@ -71,7 +88,7 @@ func (l *layer) covered(k string) bool {
 // put sets key to val (copied). An existing value is overwritten in place
 // when it fits.
 func (l *layer) put(key, val []byte) {
-	if i, ok := l.index[string(key)]; ok {
+	if i, ok := l.find(key); ok {
 		e := &l.ents[i]
 		if !e.del && cap(e.val) >= len(val) {
 			l.bytes += int64(len(val) - len(e.val))
@@ -88,7 +105,7 @@ func (l *layer) put(key, val []byte) {
 
 // appendTo appends extra to key's value, which must be a put in this layer.
 func (l *layer) appendTo(key, extra []byte) bool {
-	i, ok := l.index[string(key)]
+	i, ok := l.find(key)
 	if !ok || l.ents[i].del {
 		return false
 	}
@@ -100,7 +117,7 @@ func (l *layer) appendTo(key, extra []byte) bool {
 
 // del records the deletion of key.
 func (l *layer) del(key []byte) {
-	if i, ok := l.index[string(key)]; ok {
+	if i, ok := l.find(key); ok {
 		e := &l.ents[i]
 		l.bytes -= int64(len(e.val))
 		e.val, e.del = nil, true
@@ -111,7 +128,9 @@ func (l *layer) del(key []byte) {
 
 func (l *layer) insert(key []byte, e entry) {
 	k := unsafeString(l.arena.copy(key))
+	l.memo = int32(len(l.ents))
 	l.index[k] = uint32(len(l.ents))
+	e.key = k
 	l.ents = append(l.ents, e)
 	l.tail = append(l.tail, k)
 	l.tailSorted = nil
@@ -122,6 +141,7 @@ func (l *layer) insert(key []byte, e entry) {
 // are dropped and the range masks older layers.
 func (l *layer) deleteRange(from, to []byte) {
 	f, t := string(from), string(to)
+	l.memo = -1 // its entry may leave the index
 	for _, run := range l.runs() {
 		lo := sort.SearchStrings(run, f)
 		for _, k := range run[lo:] {
