@@ -37,6 +37,10 @@ func (c *Command) appendBinaryHeader(dst []byte) ([]byte, error) {
 	dst = append(dst, c.Remark...)
 	extAt := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
+	if c.rawN > 0 {
+		// Unsplit fields of a decoded binary header: already in this layout.
+		dst = append(dst, c.raw()...)
+	}
 	for i := range c.ext {
 		f := &c.ext[i]
 		if len(f.Key) > math.MaxInt16 {
@@ -64,6 +68,9 @@ func (c *Command) appendBinaryHeader(dst []byte) ([]byte, error) {
 // extFields section or more than MaxExtFields entries is an error wrapping
 // ErrMalformedFrame. Strings alias h. Zero-length strings decode as "" where
 // Java yields null; for a header the two mean the same.
+//
+// A section of at most lazyMaxExt valid entries is kept unsplit
+// (see Command); a longer one is split into c.ext at once.
 func (c *Command) decodeBinaryHeader(h []byte) error {
 	if len(h) < binaryFixedLen {
 		return malformed("ROCKETMQ header of %d bytes is shorter than its %d-byte fixed part", len(h), binaryFixedLen)
@@ -86,12 +93,12 @@ func (c *Command) decodeBinaryHeader(h []byte) error {
 	if el != int64(len(h)-p) {
 		return malformed("ROCKETMQ header extFields length %d, but %d header bytes are left", el, len(h)-p)
 	}
-	if c.ext == nil {
-		c.ext = c.inline[:0]
-	}
-	// Walk the entries by reslicing, so the compiler can drop most bounds checks.
-	for rest := h[p:]; len(rest) > 0; {
-		if len(c.ext) == MaxExtFields {
+	c.ResetExt()
+	// Validate every entry (walking by reslicing, so the compiler can drop
+	// most bounds checks) and count them.
+	n := 0
+	for rest := h[p:]; len(rest) > 0; n++ {
+		if n == MaxExtFields {
 			return malformed("more than %d extFields", MaxExtFields)
 		}
 		if len(rest) < 6 { // key length + value length
@@ -108,8 +115,14 @@ func (c *Command) decodeBinaryHeader(h []byte) error {
 		if vl < 0 || vl > len(rest) {
 			return malformed("extField %q value length %d does not fit the %d header bytes left", key, vl, len(rest))
 		}
-		c.ext = append(c.ext, ExtField{Key: aliasString(key), Value: aliasString(rest[:vl])})
 		rest = rest[vl:]
+	}
+	if n == 0 {
+		return nil
+	}
+	c.setRaw(h[p:], n)
+	if n > lazyMaxExt {
+		c.split()
 	}
 	return nil
 }

@@ -98,14 +98,32 @@ func (c *Command) AppendFrame(dst []byte, st SerializeType) ([]byte, error) {
 // Command is in use; on error its contents are unspecified.
 //
 // Every error wraps ErrMalformedFrame. DecodeFrame never panics, whatever b
-// holds. Besides the frame buffer it allocates only the *Command (which holds
-// up to 16 extFields inline).
+// holds. Besides the frame buffer it allocates only the *Command: for a
+// ROCKETMQ binary header a 128-byte one that reads the extFields in place
+// from b (they are split into a table of their own only if the Command is
+// mutated); for a JSON header one that holds up to 16 extFields inline.
 func DecodeFrame(b []byte) (*Command, error) {
-	c := new(Command)
+	var c *Command
+	if len(b) > 0 && SerializeType(b[0]) == SerializeRocketMQ {
+		c = new(Command)
+	} else {
+		c = newCommand()
+	}
 	if err := c.decodeFrame(b); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// DecodeFrameInto is DecodeFrame into c, which it resets first, keeping only
+// c's extField storage: a Command reused this way decodes without
+// allocating. Everything c held before (strings and slices it handed out
+// included) must no longer be in use; afterwards c aliases b as DecodeFrame's
+// result does. On error c holds an unspecified, but valid, partial decode.
+func DecodeFrameInto(c *Command, b []byte) error {
+	clear(c.ext)
+	*c = Command{ext: c.ext[:0]}
+	return c.decodeFrame(b)
 }
 
 // decodeFrame is DecodeFrame into a zero Command.

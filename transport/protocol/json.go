@@ -46,13 +46,15 @@ func (c *Command) appendJSONHeader(dst []byte) []byte {
 	dst = append(dst, `,"remark":`...)
 	dst = appendJSONString(dst, c.Remark)
 	dst = append(dst, `,"extFields":{`...)
-	for i := range c.ext {
-		if i > 0 {
+	first := true
+	for it := c.exts(); it.next(); {
+		if !first {
 			dst = append(dst, ',')
 		}
-		dst = appendJSONString(dst, c.ext[i].Key)
+		first = false
+		dst = appendJSONString(dst, it.f.Key)
 		dst = append(dst, ':')
-		dst = appendJSONString(dst, c.ext[i].Value)
+		dst = appendJSONString(dst, it.f.Value)
 	}
 	return append(dst, "}}"...)
 }

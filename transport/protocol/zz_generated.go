@@ -445,8 +445,8 @@ func (h *SendMessageRequestHeader) Encode(c *Command) {
 func (h *SendMessageRequestHeader) Decode(c *Command) error {
 	*h = SendMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "producerGroup":
 			h.ProducerGroup = f.Value
@@ -601,8 +601,8 @@ func (h *SendMessageRequestHeaderV2) Encode(c *Command) {
 func (h *SendMessageRequestHeaderV2) Decode(c *Command) error {
 	*h = SendMessageRequestHeaderV2{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "a":
 			h.ProducerGroup = f.Value
@@ -743,8 +743,8 @@ func (h *SendMessageResponseHeader) Encode(c *Command) {
 func (h *SendMessageResponseHeader) Decode(c *Command) error {
 	*h = SendMessageResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "msgId":
 			h.MsgID = f.Value
@@ -849,8 +849,8 @@ func (h *PullMessageRequestHeader) Encode(c *Command) {
 func (h *PullMessageRequestHeader) Decode(c *Command) error {
 	*h = PullMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -1003,8 +1003,8 @@ func (h *PullMessageResponseHeader) Encode(c *Command) {
 func (h *PullMessageResponseHeader) Decode(c *Command) error {
 	*h = PullMessageResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "suggestWhichBrokerId":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1109,8 +1109,8 @@ func (h *QueryConsumerOffsetRequestHeader) Encode(c *Command) {
 func (h *QueryConsumerOffsetRequestHeader) Decode(c *Command) error {
 	*h = QueryConsumerOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -1165,8 +1165,8 @@ func (h *QueryConsumerOffsetResponseHeader) Encode(c *Command) {
 func (h *QueryConsumerOffsetResponseHeader) Decode(c *Command) error {
 	*h = QueryConsumerOffsetResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1215,8 +1215,8 @@ func (h *UpdateConsumerOffsetRequestHeader) Encode(c *Command) {
 func (h *UpdateConsumerOffsetRequestHeader) Decode(c *Command) error {
 	*h = UpdateConsumerOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -1303,8 +1303,8 @@ func (h *CreateTopicRequestHeader) Encode(c *Command) {
 func (h *CreateTopicRequestHeader) Decode(c *Command) error {
 	*h = CreateTopicRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -1405,8 +1405,8 @@ func (h *GetAllTopicConfigRequestHeader) Encode(c *Command) {
 func (h *GetAllTopicConfigRequestHeader) Decode(c *Command) error {
 	*h = GetAllTopicConfigRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topicSeq":
 			v, err := parseInt32(f.Key, f.Value)
@@ -1454,8 +1454,8 @@ func (h *GetAllTopicConfigResponseHeader) Encode(c *Command) {
 // that names the key; booleans follow Java's parseBoolean.
 func (h *GetAllTopicConfigResponseHeader) Decode(c *Command) error {
 	*h = GetAllTopicConfigResponseHeader{}
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "totalTopicNum":
 			v, err := parseInt32(f.Key, f.Value)
@@ -1500,8 +1500,8 @@ func (h *SearchOffsetRequestHeader) Encode(c *Command) {
 func (h *SearchOffsetRequestHeader) Decode(c *Command) error {
 	*h = SearchOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -1560,8 +1560,8 @@ func (h *SearchOffsetResponseHeader) Encode(c *Command) {
 func (h *SearchOffsetResponseHeader) Decode(c *Command) error {
 	*h = SearchOffsetResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1610,8 +1610,8 @@ func (h *GetMaxOffsetRequestHeader) Encode(c *Command) {
 func (h *GetMaxOffsetRequestHeader) Decode(c *Command) error {
 	*h = GetMaxOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -1660,8 +1660,8 @@ func (h *GetMaxOffsetResponseHeader) Encode(c *Command) {
 func (h *GetMaxOffsetResponseHeader) Decode(c *Command) error {
 	*h = GetMaxOffsetResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1706,8 +1706,8 @@ func (h *GetMinOffsetRequestHeader) Encode(c *Command) {
 func (h *GetMinOffsetRequestHeader) Decode(c *Command) error {
 	*h = GetMinOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -1754,8 +1754,8 @@ func (h *GetMinOffsetResponseHeader) Encode(c *Command) {
 func (h *GetMinOffsetResponseHeader) Decode(c *Command) error {
 	*h = GetMinOffsetResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1800,8 +1800,8 @@ func (h *GetEarliestMsgStoretimeRequestHeader) Encode(c *Command) {
 func (h *GetEarliestMsgStoretimeRequestHeader) Decode(c *Command) error {
 	*h = GetEarliestMsgStoretimeRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -1848,8 +1848,8 @@ func (h *GetEarliestMsgStoretimeResponseHeader) Encode(c *Command) {
 func (h *GetEarliestMsgStoretimeResponseHeader) Decode(c *Command) error {
 	*h = GetEarliestMsgStoretimeResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "timestamp":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1892,8 +1892,8 @@ func (h *ViewMessageRequestHeader) Encode(c *Command) {
 func (h *ViewMessageRequestHeader) Decode(c *Command) error {
 	*h = ViewMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -1946,8 +1946,8 @@ func (h *QueryMessageRequestHeader) Encode(c *Command) {
 func (h *QueryMessageRequestHeader) Decode(c *Command) error {
 	*h = QueryMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2022,8 +2022,8 @@ func (h *QueryMessageResponseHeader) Encode(c *Command) {
 func (h *QueryMessageResponseHeader) Decode(c *Command) error {
 	*h = QueryMessageResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "indexLastUpdateTimestamp":
 			v, err := parseInt64(f.Key, f.Value)
@@ -2080,8 +2080,8 @@ func (h *UnregisterClientRequestHeader) Encode(c *Command) {
 func (h *UnregisterClientRequestHeader) Decode(c *Command) error {
 	*h = UnregisterClientRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "clientID":
 			h.ClientID = f.Value
@@ -2144,8 +2144,8 @@ func (h *ConsumerSendMsgBackRequestHeader) Encode(c *Command) {
 func (h *ConsumerSendMsgBackRequestHeader) Decode(c *Command) error {
 	*h = ConsumerSendMsgBackRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "offset":
 			v, err := parseInt64(f.Key, f.Value)
@@ -2238,8 +2238,8 @@ func (h *EndTransactionRequestHeader) Encode(c *Command) {
 func (h *EndTransactionRequestHeader) Decode(c *Command) error {
 	*h = EndTransactionRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2318,8 +2318,8 @@ func (h *GetConsumerListByGroupRequestHeader) Encode(c *Command) {
 func (h *GetConsumerListByGroupRequestHeader) Decode(c *Command) error {
 	*h = GetConsumerListByGroupRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -2376,8 +2376,8 @@ func (h *CheckTransactionStateRequestHeader) Encode(c *Command) {
 func (h *CheckTransactionStateRequestHeader) Decode(c *Command) error {
 	*h = CheckTransactionStateRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2436,8 +2436,8 @@ func (h *NotifyConsumerIDsChangedRequestHeader) Encode(c *Command) {
 func (h *NotifyConsumerIDsChangedRequestHeader) Decode(c *Command) error {
 	*h = NotifyConsumerIDsChangedRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -2500,8 +2500,8 @@ func (h *RegisterBrokerRequestHeader) Encode(c *Command) {
 func (h *RegisterBrokerRequestHeader) Decode(c *Command) error {
 	*h = RegisterBrokerRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "brokerName":
 			h.BrokerName = f.Value
@@ -2587,8 +2587,8 @@ func (h *RegisterBrokerResponseHeader) Encode(c *Command) {
 // that names the key; booleans follow Java's parseBoolean.
 func (h *RegisterBrokerResponseHeader) Decode(c *Command) error {
 	*h = RegisterBrokerResponseHeader{}
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "haServerAddr":
 			h.HAServerAddr = f.Value
@@ -2625,8 +2625,8 @@ func (h *UnRegisterBrokerRequestHeader) Encode(c *Command) {
 func (h *UnRegisterBrokerRequestHeader) Decode(c *Command) error {
 	*h = UnRegisterBrokerRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "brokerName":
 			h.BrokerName = f.Value
@@ -2687,8 +2687,8 @@ func (h *GetRouteInfoRequestHeader) Encode(c *Command) {
 func (h *GetRouteInfoRequestHeader) Decode(c *Command) error {
 	*h = GetRouteInfoRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2725,8 +2725,8 @@ func (h *DeleteTopicRequestHeader) Encode(c *Command) {
 func (h *DeleteTopicRequestHeader) Decode(c *Command) error {
 	*h = DeleteTopicRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2765,8 +2765,8 @@ func (h *DeleteTopicFromNamesrvRequestHeader) Encode(c *Command) {
 func (h *DeleteTopicFromNamesrvRequestHeader) Decode(c *Command) error {
 	*h = DeleteTopicFromNamesrvRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2803,8 +2803,8 @@ func (h *RegisterTopicRequestHeader) Encode(c *Command) {
 func (h *RegisterTopicRequestHeader) Decode(c *Command) error {
 	*h = RegisterTopicRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2853,8 +2853,8 @@ func (h *ResetOffsetRequestHeader) Encode(c *Command) {
 func (h *ResetOffsetRequestHeader) Decode(c *Command) error {
 	*h = ResetOffsetRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "group":
 			h.Group = f.Value
@@ -2929,8 +2929,8 @@ func (h *GetConsumerStatusRequestHeader) Encode(c *Command) {
 func (h *GetConsumerStatusRequestHeader) Decode(c *Command) error {
 	*h = GetConsumerStatusRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -2979,8 +2979,8 @@ func (h *GetConsumerRunningInfoRequestHeader) Encode(c *Command) {
 func (h *GetConsumerRunningInfoRequestHeader) Decode(c *Command) error {
 	*h = GetConsumerRunningInfoRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -3047,8 +3047,8 @@ func (h *ConsumeMessageDirectlyResultRequestHeader) Encode(c *Command) {
 func (h *ConsumeMessageDirectlyResultRequestHeader) Decode(c *Command) error {
 	*h = ConsumeMessageDirectlyResultRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -3135,8 +3135,8 @@ func (h *ReplyMessageRequestHeader) Encode(c *Command) {
 func (h *ReplyMessageRequestHeader) Decode(c *Command) error {
 	*h = ReplyMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "producerGroup":
 			h.ProducerGroup = f.Value
@@ -3271,8 +3271,8 @@ func (h *QueryDataVersionRequestHeader) Encode(c *Command) {
 func (h *QueryDataVersionRequestHeader) Decode(c *Command) error {
 	*h = QueryDataVersionRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "brokerName":
 			h.BrokerName = f.Value
@@ -3329,8 +3329,8 @@ func (h *QueryDataVersionResponseHeader) Encode(c *Command) {
 func (h *QueryDataVersionResponseHeader) Decode(c *Command) error {
 	*h = QueryDataVersionResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "changed":
 			h.Changed = parseBool(f.Value)
@@ -3369,8 +3369,8 @@ func (h *PutKVConfigRequestHeader) Encode(c *Command) {
 func (h *PutKVConfigRequestHeader) Decode(c *Command) error {
 	*h = PutKVConfigRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "namespace":
 			h.Namespace = f.Value
@@ -3419,8 +3419,8 @@ func (h *GetKVConfigRequestHeader) Encode(c *Command) {
 func (h *GetKVConfigRequestHeader) Decode(c *Command) error {
 	*h = GetKVConfigRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "namespace":
 			h.Namespace = f.Value
@@ -3462,8 +3462,8 @@ func (h *GetKVConfigResponseHeader) Encode(c *Command) {
 // that names the key; booleans follow Java's parseBoolean.
 func (h *GetKVConfigResponseHeader) Decode(c *Command) error {
 	*h = GetKVConfigResponseHeader{}
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "value":
 			h.Value = f.Value
@@ -3494,8 +3494,8 @@ func (h *DeleteKVConfigRequestHeader) Encode(c *Command) {
 func (h *DeleteKVConfigRequestHeader) Decode(c *Command) error {
 	*h = DeleteKVConfigRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "namespace":
 			h.Namespace = f.Value
@@ -3536,8 +3536,8 @@ func (h *WipeWritePermOfBrokerRequestHeader) Encode(c *Command) {
 func (h *WipeWritePermOfBrokerRequestHeader) Decode(c *Command) error {
 	*h = WipeWritePermOfBrokerRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "brokerName":
 			h.BrokerName = f.Value
@@ -3572,8 +3572,8 @@ func (h *WipeWritePermOfBrokerResponseHeader) Encode(c *Command) {
 func (h *WipeWritePermOfBrokerResponseHeader) Decode(c *Command) error {
 	*h = WipeWritePermOfBrokerResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "wipeTopicCount":
 			v, err := parseInt32(f.Key, f.Value)
@@ -3612,8 +3612,8 @@ func (h *GetTopicsByClusterRequestHeader) Encode(c *Command) {
 func (h *GetTopicsByClusterRequestHeader) Decode(c *Command) error {
 	*h = GetTopicsByClusterRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "cluster":
 			h.Cluster = f.Value
@@ -3656,8 +3656,8 @@ func (h *GetConsumeStatsRequestHeader) Encode(c *Command) {
 func (h *GetConsumeStatsRequestHeader) Decode(c *Command) error {
 	*h = GetConsumeStatsRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -3700,8 +3700,8 @@ func (h *DeleteSubscriptionGroupRequestHeader) Encode(c *Command) {
 func (h *DeleteSubscriptionGroupRequestHeader) Decode(c *Command) error {
 	*h = DeleteSubscriptionGroupRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "groupName":
 			h.GroupName = f.Value
@@ -3738,8 +3738,8 @@ func (h *GetTopicStatsInfoRequestHeader) Encode(c *Command) {
 func (h *GetTopicStatsInfoRequestHeader) Decode(c *Command) error {
 	*h = GetTopicStatsInfoRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -3774,8 +3774,8 @@ func (h *GetConsumerConnectionListRequestHeader) Encode(c *Command) {
 func (h *GetConsumerConnectionListRequestHeader) Decode(c *Command) error {
 	*h = GetConsumerConnectionListRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -3810,8 +3810,8 @@ func (h *GetProducerConnectionListRequestHeader) Encode(c *Command) {
 func (h *GetProducerConnectionListRequestHeader) Decode(c *Command) error {
 	*h = GetProducerConnectionListRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "producerGroup":
 			h.ProducerGroup = f.Value
@@ -3846,8 +3846,8 @@ func (h *QueryTopicConsumeByWhoRequestHeader) Encode(c *Command) {
 func (h *QueryTopicConsumeByWhoRequestHeader) Decode(c *Command) error {
 	*h = QueryTopicConsumeByWhoRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -3882,8 +3882,8 @@ func (h *GetTopicConfigRequestHeader) Encode(c *Command) {
 func (h *GetTopicConfigRequestHeader) Decode(c *Command) error {
 	*h = GetTopicConfigRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "topic":
 			h.Topic = f.Value
@@ -3948,8 +3948,8 @@ func (h *PopMessageRequestHeader) Encode(c *Command) {
 func (h *PopMessageRequestHeader) Decode(c *Command) error {
 	*h = PopMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -4076,8 +4076,8 @@ func (h *PopMessageResponseHeader) Encode(c *Command) {
 func (h *PopMessageResponseHeader) Decode(c *Command) error {
 	*h = PopMessageResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "popTime":
 			v, err := parseInt64(f.Key, f.Value)
@@ -4160,8 +4160,8 @@ func (h *AckMessageRequestHeader) Encode(c *Command) {
 func (h *AckMessageRequestHeader) Decode(c *Command) error {
 	*h = AckMessageRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -4238,8 +4238,8 @@ func (h *ChangeInvisibleTimeRequestHeader) Encode(c *Command) {
 func (h *ChangeInvisibleTimeRequestHeader) Decode(c *Command) error {
 	*h = ChangeInvisibleTimeRequestHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "consumerGroup":
 			h.ConsumerGroup = f.Value
@@ -4320,8 +4320,8 @@ func (h *ChangeInvisibleTimeResponseHeader) Encode(c *Command) {
 func (h *ChangeInvisibleTimeResponseHeader) Decode(c *Command) error {
 	*h = ChangeInvisibleTimeResponseHeader{}
 	var seen uint64
-	for i := range c.ext {
-		f := &c.ext[i]
+	for it := c.exts(); it.next(); {
+		f := &it.f
 		switch f.Key {
 		case "popTime":
 			v, err := parseInt64(f.Key, f.Value)

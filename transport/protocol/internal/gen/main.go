@@ -343,8 +343,8 @@ func genHeader(w *writer, h *header, reqs []code) {
 	if nreq > 0 {
 		w.p("\tvar seen uint64")
 	}
-	w.p("\tfor i := range c.ext {")
-	w.p("\t\tf := &c.ext[i]")
+	w.p("\tfor it := c.exts(); it.next(); {")
+	w.p("\t\tf := &it.f")
 	w.p("\t\tswitch f.Key {")
 	bit := 0
 	for _, f := range h.fields {
