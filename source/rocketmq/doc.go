@@ -65,7 +65,8 @@
 //
 // Source implements source.Discoverer: DiscoverSplits lists the topic's
 // current queues, and a split that was not listed by Splits and has no
-// checkpoint starts at its min offset. The runtime does not call
-// DiscoverSplits yet, so queues added while a job runs are read after its next
-// restart.
+// checkpoint starts at its min offset. A running pipeline job calls it every
+// pipeline.DiscoveryInterval (30 s by default) and on Job.DiscoverNow, so
+// queues added to the topic while the job runs get their own split task, and
+// their offsets are in the following checkpoints.
 package rocketmq
