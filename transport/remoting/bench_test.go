@@ -2,7 +2,9 @@ package remoting
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -10,13 +12,71 @@ import (
 )
 
 func benchServer(b *testing.B) *Conn {
+	return benchServerWith(b, false)
+}
+
+// benchServerWith registers the benchmark processor with Handle, or with
+// HandleInline when inline is set.
+func benchServerWith(b *testing.B, inline bool) *Conn {
 	s, addr := newTestServer(b)
-	s.Handle(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+	p := ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
 		resp := protocol.NewResponse(rc.Request(), 0, "")
 		resp.SetExt("queueOffset", "42")
 		return resp, nil
-	}))
+	})
+	if inline {
+		s.HandleInline(500, p)
+	} else {
+		s.Handle(500, p)
+	}
 	return dialT(b, addr)
+}
+
+// BenchmarkServeInline measures round trips with the processor on a
+// handler goroutine (handler=worker) or on the reader (handler=inline),
+// one at a time (inflight=1) and with 64 async calls in flight.
+func BenchmarkServeInline(b *testing.B) {
+	for _, inflight := range []int{1, 64} {
+		for _, h := range []string{"worker", "inline"} {
+			b.Run(fmt.Sprintf("inflight=%d/handler=%s", inflight, h), func(b *testing.B) {
+				c := benchServerWith(b, h == "inline")
+				sem := make(chan struct{}, inflight)
+				var wg sync.WaitGroup
+				cb := func(resp *protocol.Command, err error) {
+					if err != nil {
+						b.Error(err)
+					}
+					<-sem
+					wg.Done()
+				}
+				ctx := context.Background()
+				b.ReportAllocs()
+				cpu0 := cpuTime()
+				for b.Loop() {
+					sem <- struct{}{}
+					wg.Add(1)
+					c.InvokeAsync(ctx, benchRequest(), cb)
+				}
+				wg.Wait()
+				reportCPU(b, cpu0)
+			})
+		}
+	}
+}
+
+// cpuTime returns the process's user plus system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the process CPU time (client and server together) per
+// round trip since cpu0: steadier than ns/op on a shared machine.
+func reportCPU(b *testing.B, cpu0 time.Duration) {
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
 }
 
 func benchRequest() *protocol.Command {
@@ -35,11 +95,13 @@ func BenchmarkInvokeSync(b *testing.B) {
 	req := benchRequest()
 	ctx := context.Background()
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	for b.Loop() {
 		if _, err := c.Invoke(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 	}
+	reportCPU(b, cpu0)
 }
 
 // BenchmarkInvokeParallel measures round trips from GOMAXPROCS goroutines
@@ -50,6 +112,7 @@ func BenchmarkInvokeParallel(b *testing.B) {
 	ctx := context.Background()
 	b.SetParallelism(16)
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	b.RunParallel(func(pb *testing.PB) {
 		req := benchRequest()
 		for pb.Next() {
@@ -59,6 +122,7 @@ func BenchmarkInvokeParallel(b *testing.B) {
 			}
 		}
 	})
+	reportCPU(b, cpu0)
 }
 
 // BenchmarkInvokeAsyncTimeout measures async round trips with 64 in flight
@@ -78,6 +142,7 @@ func BenchmarkInvokeAsyncTimeout(b *testing.B) {
 				wg.Done()
 			}
 			b.ReportAllocs()
+			cpu0 := cpuTime()
 			for b.Loop() {
 				sem <- struct{}{}
 				wg.Add(1)
@@ -93,6 +158,7 @@ func BenchmarkInvokeAsyncTimeout(b *testing.B) {
 				})
 			}
 			wg.Wait()
+			reportCPU(b, cpu0)
 		})
 	}
 }

@@ -97,6 +97,9 @@ type Conn struct {
 
 	// dispatch handles one incoming request on a handler goroutine.
 	dispatch func(ctx context.Context, req *protocol.Command)
+	// inline, if set, may handle an incoming request on the reader
+	// goroutine instead; it reports whether it did.
+	inline func(req *protocol.Command) bool
 
 	// ctx is the connection's lifetime context, given to handlers; cancel
 	// runs at close.
@@ -895,12 +898,17 @@ func (c *Conn) deliver(resp *protocol.Command) {
 	c.complete(cl, stop, resp, nil)
 }
 
-// handleRequest runs dispatch for req on a handler goroutine, or answers
-// SYSTEM_BUSY when every handler slot is taken, so the reader never waits.
+// handleRequest serves req on the reader goroutine when the server's
+// processor asks for it (Server.HandleInline). Otherwise it runs dispatch for
+// req on a handler goroutine, or answers SYSTEM_BUSY when every handler slot
+// is taken, so the reader never waits.
 // A slot is taken for each request being handled; the request goes to a
 // parked idle worker when there is one (saving a goroutine start and its
 // stack growth), else to a new worker.
 func (c *Conn) handleRequest(req *protocol.Command) {
+	if c.inline != nil && c.inline(req) {
+		return
+	}
 	select {
 	case c.handlerSem <- struct{}{}:
 	default:

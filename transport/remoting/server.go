@@ -217,7 +217,7 @@ type Server struct {
 	log *slog.Logger
 
 	procMu sync.Mutex // serialises Handle
-	procs  atomic.Pointer[map[int32]Processor]
+	procs  atomic.Pointer[map[int32]procEntry]
 
 	ctrl controls
 
@@ -264,26 +264,53 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.conns = make(map[*ServerConn]struct{})
 	s.mu.perIP = make(map[netip.Addr]int)
-	empty := map[int32]Processor{}
+	empty := map[int32]procEntry{}
 	s.procs.Store(&empty)
 	return s, nil
+}
+
+// procEntry is one registered processor.
+type procEntry struct {
+	p      Processor
+	inline bool // HandleInline: runs on the connection's reader goroutine
 }
 
 // Handle registers p for requests with the given code, replacing an earlier
 // registration. A nil p removes it. Requests whose code has no processor are
 // answered REQUEST_CODE_NOT_SUPPORTED with Java's remark.
 func (s *Server) Handle(code int32, p Processor) {
+	s.handle(code, procEntry{p: p})
+}
+
+// HandleInline is Handle for a processor that runs on the reader goroutine
+// of the request's connection instead of a handler goroutine, sparing the
+// hand-off (a channel send and a goroutine wake-up) per request. It suits
+// processors that only parse, enqueue and return, deferring their answer
+// (rc.Defer) to whoever completes the work, as the broker's send path does.
+//
+// While p runs, no further frame of that connection is read: p must not
+// wait for anything that needs another request of the same connection,
+// and any wait it does (a full queue) throttles that connection only. p
+// needs no handler slot (WithMaxConcurrentHandlers). Interceptors run
+// inline too. While fault-injection controls (Control, KeepControl) are
+// registered, requests go to handler goroutines as with Handle, since
+// controls may block.
+func (s *Server) HandleInline(code int32, p Processor) {
+	s.handle(code, procEntry{p: p, inline: true})
+}
+
+func (s *Server) handle(code int32, e procEntry) {
 	s.procMu.Lock()
 	defer s.procMu.Unlock()
 	old := *s.procs.Load()
-	m := make(map[int32]Processor, len(old)+1)
+	m := make(map[int32]procEntry, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
-	if p == nil {
+	if e.p == nil {
 		delete(m, code)
 	} else {
-		m[code] = p
+		m[code] = e
 	}
 	s.procs.Store(&m)
 }
@@ -579,6 +606,7 @@ func (s *Server) serveConn(nc net.Conn, id uint64, ip netip.Addr) {
 	sc := &ServerConn{id: id}
 	sc.Conn = newConn(s.ctx, nc, s.cfg.conn)
 	sc.Conn.dispatch = func(ctx context.Context, req *protocol.Command) { s.serveRequest(ctx, sc, req) }
+	sc.Conn.inline = func(req *protocol.Command) bool { return s.serveInline(sc, req) }
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -659,6 +687,17 @@ func (s *Server) countClose(sc *ServerConn, rerr error) {
 	s.limitHit(k, sc.RemoteAddr(), args...)
 }
 
+// serveInline serves req on the reader goroutine if its processor was
+// registered with HandleInline and no control is registered, and reports
+// whether it did.
+func (s *Server) serveInline(sc *ServerConn, req *protocol.Command) bool {
+	if !(*s.procs.Load())[req.Code].inline || s.ctrl.n.Load() > 0 {
+		return false
+	}
+	s.serveRequest(sc.Conn.ctx, sc, req)
+	return true
+}
+
 // serveRequest runs one request through the controls and its processor.
 func (s *Server) serveRequest(ctx context.Context, sc *ServerConn, req *protocol.Command) {
 	c := sc.Conn
@@ -698,11 +737,11 @@ func (s *Server) process(ctx context.Context, rc *RequestCtx) (resp *protocol.Co
 			return resp, err
 		}
 	}
-	p := (*s.procs.Load())[req.Code]
-	if p == nil {
+	e := (*s.procs.Load())[req.Code]
+	if e.p == nil {
 		return notSupported(req), nil
 	}
-	return p.ProcessRequest(ctx, rc)
+	return e.p.ProcessRequest(ctx, rc)
 }
 
 // errorResponse turns a processor error into a response: the code of a
