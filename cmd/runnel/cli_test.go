@@ -328,11 +328,12 @@ func TestCLIErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args[:min(3, len(tc.args))], " "), func(t *testing.T) {
-			e.t = t
-			e.fails(tc.want, tc.args...)
+			t.Parallel() // separate processes: overlap their start-up
+			ec := *e
+			ec.t = t
+			ec.fails(tc.want, tc.args...)
 		})
 	}
-	e.t = t
 }
 
 // TestHelpTeaches checks that every command's --help has a description and
