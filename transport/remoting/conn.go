@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"sync"
@@ -764,6 +765,7 @@ func (c *Conn) writeLoop() {
 			_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout)) // fails only once closed; the write then fails
 		}
 		n := 0
+		yielded := false
 		var err error
 	batch:
 		for {
@@ -772,6 +774,19 @@ func (c *Conn) writeLoop() {
 			if err != nil || n == maxBatch {
 				break
 			}
+			select {
+			case f = <-c.wq:
+				continue
+			default:
+			}
+			// The queue is empty. When more frames are likely soon, let the
+			// goroutines producing them run once before paying a write
+			// syscall for what is buffered.
+			if yielded || !c.moreFramesLikely() {
+				break
+			}
+			yielded = true
+			runtime.Gosched()
 			select {
 			case f = <-c.wq:
 			default:
@@ -790,6 +805,13 @@ func (c *Conn) writeLoop() {
 			return
 		}
 	}
+}
+
+// moreFramesLikely reports whether frames other than those being written
+// are on their way: other requests being served (their responses), or
+// calls awaiting responses (callers pipelining requests).
+func (c *Conn) moreFramesLikely() bool {
+	return c.handling.Load() > 1 || c.inflight.Load() > 1
 }
 
 func (c *Conn) writeFrame(bw *bufio.Writer, f outFrame) error {
