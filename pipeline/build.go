@@ -14,6 +14,7 @@ type jobRun struct {
 	engine    *runtime.Engine
 	tasks     []*taskInfo
 	senderIdx map[[2]int]int // (task index, exchange node id) -> sender index
+	hooks     *runHooks      // hooks.go
 }
 
 // taskInfo is one task to run: a source split, a keyed subtask or a sink.
@@ -139,6 +140,7 @@ func (c *counter) flush() {
 type recMeta struct {
 	source, split string
 	offset, raw   []byte
+	trace         runtime.RecordTrace // nil when the record is not traced (hooks.go)
 }
 
 // chainBuilder builds one task's chain of operators.
@@ -201,7 +203,12 @@ func (b *chainBuilder) rejecterFor(n *node, operator string, p Policy) func(ctx 
 	c := b.counter(n)
 	switch p.kind {
 	case policySkip:
-		return func(context.Context, error, any, int64) error { c.rejected++; return nil }
+		hooks, fromSource := b.r.hooks, n.kind == kindSource
+		return func(_ context.Context, err error, _ any, _ int64) error {
+			c.rejected++
+			hooks.onDeadLetter(operator, err, fromSource, "skip")
+			return nil
+		}
 	case policyDeadLetter:
 		dn := b.r.job.dlqNode(p)
 		in, err := b.input(dn)
@@ -210,8 +217,10 @@ func (b *chainBuilder) rejecterFor(n *node, operator string, p Policy) func(ctx 
 		}
 		dlq := in.(emitFn[sink.DeadLetter])
 		job := b.r.job
+		hooks, fromSource := b.r.hooks, n.kind == kindSource
 		return func(ctx context.Context, err error, v any, ts int64) error {
 			c.rejected++
+			hooks.onDeadLetter(operator, err, fromSource, "dead-letter")
 			d := sink.DeadLetter{
 				Source:   b.meta.source,
 				Operator: operator,

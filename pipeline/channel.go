@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,9 @@ type inbox[R any] struct {
 	notify chan struct{}   // receiver wake-up, cap 1
 	space  []chan struct{} // per-sender wake-up, cap 1; grows under mu (addSender)
 	pool   *sync.Pool      // of *[]R with capacity batchSize
+	// blocked[sender], when set, accumulates the nanoseconds the sender
+	// waited for room (backpressure; hooks.go). Guarded by mu.
+	blocked []*atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -102,8 +106,10 @@ func (in *inbox[R]) push(ctx context.Context, sender int, m message[R]) error {
 		}
 		space := in.space[sender]
 		in.mu.Unlock()
+		start := time.Now()
 		select {
 		case <-space:
+			in.addBlocked(sender, start)
 		case <-ctx.Done():
 			return ctx.Err()
 		}

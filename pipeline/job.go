@@ -63,6 +63,7 @@ type jobConfig struct {
 	discoveryInterval  time.Duration
 	defaultSourcePol   Policy
 	defaultOperatorPol Policy
+	obs                jobObs // hooks.go
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).
@@ -302,18 +303,23 @@ func (j *Job) Run(ctx context.Context) error {
 		Logger:            j.cfg.logger,
 		Clock:             j.cfg.clock,
 		StatusAddr:        j.cfg.statusAddr,
+		Hooks:             j.cfg.obs.hooks,
+		MetricsAddr:       j.cfg.obs.metricsAddr,
 		DiscoveryInterval: j.cfg.discoveryInterval,
 	})
 	if err != nil {
 		return err
 	}
 	j.engine.Store(eng)
-	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int)}
+	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int), hooks: newRunHooks(j.name, j.cfg.obs.hooks)}
 	if err := r.plan(ctx); err != nil {
 		return errors.Join(err, eng.Close())
 	}
 	if j.cfg.onStatusAddr != nil {
 		j.cfg.onStatusAddr(eng.StatusAddr())
+	}
+	if j.cfg.obs.onMetricsAddr != nil {
+		j.cfg.obs.onMetricsAddr(eng.MetricsAddr())
 	}
 	return eng.Run(ctx)
 }

@@ -135,7 +135,13 @@ func Map[T, U any](s *Stream[T], uid string, fn func(context.Context, T) (U, err
 		c, reject := b.counter(n), b.rejecter(n)
 		return emitFn[T](func(ctx context.Context, v T, ts int64) error {
 			c.in++
-			u, err := call(ctx, n.retry, fn, ctx, v)
+			var u U
+			var err error
+			if tr := b.meta.trace; tr != nil {
+				u, err = traced(ctx, tr, n.uid, n.kind, n.retry, fn, v) // hooks.go
+			} else {
+				u, err = call(ctx, n.retry, fn, ctx, v)
+			}
 			if err != nil {
 				return reject(ctx, err, v, ts)
 			}
@@ -158,7 +164,13 @@ func Filter[T any](s *Stream[T], uid string, fn func(context.Context, T) (bool, 
 		c, reject := b.counter(n), b.rejecter(n)
 		return emitFn[T](func(ctx context.Context, v T, ts int64) error {
 			c.in++
-			keep, err := call(ctx, n.retry, fn, ctx, v)
+			var keep bool
+			var err error
+			if tr := b.meta.trace; tr != nil {
+				keep, err = traced(ctx, tr, n.uid, n.kind, n.retry, fn, v) // hooks.go
+			} else {
+				keep, err = call(ctx, n.retry, fn, ctx, v)
+			}
 			if err != nil {
 				return reject(ctx, err, v, ts)
 			}
@@ -211,7 +223,14 @@ func FlatMap[T, U any](s *Stream[T], uid string, fn func(context.Context, T, *Co
 		return emitFn[T](func(ctx context.Context, v T, ts int64) error {
 			c.in++
 			col.ctx, col.ts, col.err, col.n = ctx, ts, nil, 0
+			var end func(error)
+			if tr := b.meta.trace; tr != nil {
+				col.ctx, end = tr.StartOperator(ctx, n.uid, n.kind) // hooks.go
+			}
 			_, err := call(ctx, n.retry, fm, v, col)
+			if end != nil {
+				end(err)
+			}
 			c.out += col.n
 			if col.err != nil {
 				return col.err // downstream failure: not the user's record's fault

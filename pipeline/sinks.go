@@ -16,6 +16,7 @@ import (
 type rec[T any] struct {
 	v  T
 	ts int64
+	tr runtime.RecordTrace // nil when not traced (hooks.go)
 }
 
 // sinkPort is one task's output to a sink task.
@@ -24,13 +25,14 @@ type sinkPort[T any] struct {
 	sender int
 	pool   *sync.Pool
 	buf    *[]rec[T]
+	meta   *recMeta // the sending task's current record (its trace)
 }
 
 func (p *sinkPort[T]) emit(ctx context.Context, v T, ts int64) error {
 	if p.buf == nil {
 		p.buf = getBatch[rec[T]](p.pool)
 	}
-	*p.buf = append(*p.buf, rec[T]{v: v, ts: ts})
+	*p.buf = append(*p.buf, rec[T]{v: v, ts: ts, tr: p.meta.trace})
 	if len(*p.buf) >= batchSize {
 		return p.flush(ctx)
 	}
@@ -87,7 +89,8 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 		if err != nil {
 			return nil, err
 		}
-		p := &sinkPort[T]{in: in, sender: s, pool: pool}
+		p := &sinkPort[T]{in: in, sender: s, pool: pool, meta: &b.meta}
+		in.setBlocked(s, b.blockedCounter()) // hooks.go
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
 	}
@@ -119,7 +122,7 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 		}
 	}
 	n.startTask = func(r *jobRun, t *taskInfo) error {
-		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, in: in, log: r.engine.Logger()}
+		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, in: in, log: r.engine.Logger(), hooks: r.hooks}
 		_, err := r.engine.AddTask(uid, runtime.SinkTask, st.run)
 		return err
 	}
@@ -133,6 +136,7 @@ type sinkTask[T any] struct {
 	tpc     sink.TwoPhaseCommit[T]
 	in      *inbox[rec[T]]
 	pending []checkpoint.PendingCommit
+	hooks   *runHooks // hooks.go
 	log     interface {
 		Warn(msg string, args ...any)
 	}
@@ -141,7 +145,10 @@ type sinkTask[T any] struct {
 func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, error) {
 	if st.tpc == nil {
 		flush := func(ctx context.Context, _ struct{}) error { return st.sk.Flush(ctx) }
-		if err := callErr(ctx, sinkRetry, flush, ctx, struct{}{}); err != nil {
+		start := time.Now()
+		err := callErr(ctx, sinkRetry, flush, ctx, struct{}{})
+		st.hooks.onSinkCommit(st.uid, id, time.Since(start), err)
+		if err != nil {
 			return runtime.Ack{}, fmt.Errorf("sink %q: flush: %w", st.uid, err)
 		}
 		return runtime.Ack{}, nil
@@ -168,7 +175,10 @@ func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.
 			kept = append(kept, pc)
 			continue
 		}
-		if err := callErr(ctx, sinkRetry, st.tpc.Commit, ctx, pc.Data); err != nil {
+		start := time.Now()
+		err := callErr(ctx, sinkRetry, st.tpc.Commit, ctx, pc.Data)
+		st.hooks.onSinkCommit(st.uid, pc.CheckpointID, time.Since(start), err)
+		if err != nil {
 			st.log.Warn("sink commit failed; retried after the next checkpoint and on restore", "sink", st.uid, "checkpoint", pc.CheckpointID, "err", err)
 			kept = append(kept, pc)
 			continue
@@ -239,7 +249,12 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 		case msgData:
 			for i := range *m.batch {
 				cnt.in++
-				if err := callErr(ctx, sinkRetry, write, ctx, (*m.batch)[i].v); err != nil {
+				if r := &(*m.batch)[i]; r.tr != nil {
+					err = st.writeTraced(ctx, r) // hooks.go
+				} else {
+					err = callErr(ctx, sinkRetry, write, ctx, r.v)
+				}
+				if err != nil {
 					return fmt.Errorf("sink %q: write: %w", st.uid, err)
 				}
 			}

@@ -130,7 +130,7 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 			job: j, src: src, split: split, decode: decode, rawOf: rawOf, validate: validate,
 			key: checkpoint.SplitKey(uid, split.ID), restored: r.engine.RestoredOffset(uid, split.ID),
 			b: b, emit: emit, cnt: b.counter(n), reject: b.rejecterFor(n, uid, n.policy),
-			tsOf: tsOf, wm: wm, log: r.engine.Logger(),
+			tsOf: tsOf, wm: wm, log: r.engine.Logger(), tr: newSourceTracer(r, uid, split.ID),
 		}
 		_, err = r.engine.AddTask(uid+"/"+split.ID, runtime.SourceTask, st.run)
 		return err
@@ -153,6 +153,7 @@ type sourceTask[S, T any] struct {
 	reject   func(ctx context.Context, err error, v any, ts int64) error
 	tsOf     func(T) time.Time
 	wm       *splitWatermarks
+	tr       *sourceTracer // hooks.go
 	log      interface {
 		Warn(msg string, args ...any)
 	}
@@ -203,6 +204,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			_ = onNote(n) // never fails
 		}
 		if id, stop, ok := h.Trigger(); ok {
+			st.tr.barrier(id)
 			if err := flushPorts(ctx, ports); err != nil {
 				return err
 			}
@@ -225,6 +227,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		recs, perr := reader.Poll(pctx, batchSize)
 		interrupted := pctx.Err() != nil
 		cancel()
+		st.tr.lag(reader)
 		if len(recs) > 0 {
 			if err := st.wm.beforeBatch(ctx, ports); err != nil {
 				return err
@@ -279,6 +282,7 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 		if st.rawOf != nil && b.meta.raw == nil {
 			b.meta.raw = st.rawOf(rec.Value)
 		}
+		rctx := st.tr.begin(ctx, b, &rec.Value) // ctx, or the record's traced context
 		v, err := st.decode(rec.Value)
 		if err == nil && st.validate {
 			if verr := st.job.cfg.validatorInstance.Struct(v); verr != nil {
@@ -286,7 +290,9 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 			}
 		}
 		if err != nil {
-			if err := st.reject(ctx, err, rec.Value, ts); err != nil {
+			err := st.reject(rctx, err, rec.Value, ts)
+			st.tr.end(b, err)
+			if err != nil {
 				return err
 			}
 			continue
@@ -296,7 +302,9 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 		}
 		st.wm.onEvent(ts)
 		st.cnt.out++
-		if err := st.emit(ctx, v, ts); err != nil {
+		err = st.emit(rctx, v, ts)
+		st.tr.end(b, err)
+		if err != nil {
 			return err
 		}
 	}

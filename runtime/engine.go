@@ -58,6 +58,12 @@ type Config struct {
 	// StatusAddr, when set, serves the JSON status endpoint there (host:port;
 	// port 0 picks one, see Engine.StatusAddr).
 	StatusAddr string
+	// Hooks observe the job (see Hook): checkpoints, records, metrics.
+	Hooks []Hook
+	// MetricsAddr, when set, serves /metrics there (host:port; port 0
+	// picks one, see Engine.MetricsAddr) with the handler of the first hook
+	// implementing HookMetricsHandler.
+	MetricsAddr string
 	// DiscoveryInterval is the period of the discovery callback set with
 	// OnDiscover (0: only on demand, see DiscoverNow).
 	DiscoveryInterval time.Duration
@@ -80,6 +86,7 @@ type Engine struct {
 	closed   atomic.Bool
 	ids      atomic.Uint64
 	statusLn net.Listener
+	obs      hooks // hooks.go
 
 	mu struct {
 		sync.Mutex
@@ -159,6 +166,14 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("runtime: status endpoint: %w", err)
 		}
 		e.statusLn = ln
+	}
+	if err := e.initHooks(); err != nil {
+		if e.statusLn != nil {
+			_ = e.statusLn.Close() // never served
+		}
+		_ = store.Close() // the hooks error is the one to report
+		e.removeTmp()
+		return nil, err
 	}
 	return e, nil
 }
@@ -283,6 +298,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		})
 	}
+	stopMetrics, endHooks := e.startHooks(&wg) // hooks.go
 	e.mu.Lock()
 	tasks := append([]*Handle(nil), e.mu.tasks...)
 	e.mu.state = "running"
@@ -315,6 +331,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if httpSrv != nil {
 		_ = httpSrv.Close() // stops Serve, joined by wg below
 	}
+	stopMetrics()
 	wg.Wait()
 	e.mu.Lock()
 	if err == nil && len(e.mu.errs) > 0 {
@@ -326,6 +343,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.mu.state = "finished"
 	}
 	e.mu.Unlock()
+	endHooks(err)
 	return errors.Join(err, e.close())
 }
 
@@ -347,6 +365,7 @@ func (e *Engine) Close() error {
 	if e.statusLn != nil {
 		_ = e.statusLn.Close() // never served
 	}
+	e.closeMetricsListener()
 	return e.close()
 }
 
@@ -412,7 +431,8 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 		e.mu.Lock()
 		e.mu.inflight = &inflight{id: id, stop: stop, final: final, started: time.Now(), acks: make(map[int]Ack, len(tasks))}
 		e.mu.Unlock()
-		e.log.Debug("checkpoint triggered", "id", id, "stop", stop, "final", final)
+		e.log.Debug("checkpoint triggered", "job", e.cfg.Name, "checkpoint", id, "stop", stop, "final", final)
+		e.checkpointBegin(e.mu.inflight) // hooks.go; only this goroutine sets inflight
 		for _, h := range tasks {
 			h.trigger(id, stop)
 		}
@@ -425,6 +445,7 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			timeout, timeoutC = nil, nil
 		}
 		lastEnd = time.Now()
+		e.checkpointEnd(cp, err) // hooks.go
 		if err == nil {
 			failures = 0
 			for _, h := range tasks {
@@ -433,7 +454,7 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			return cp.stop || cp.final, nil
 		}
 		failures++
-		e.log.Warn("checkpoint failed", "id", cp.id, "err", err, "consecutive", failures)
+		e.log.Warn("checkpoint failed", "job", e.cfg.Name, "checkpoint", cp.id, "err", err, "consecutive", failures)
 		for _, h := range tasks {
 			h.note(Note{ID: cp.id})
 		}
@@ -563,7 +584,7 @@ func (e *Engine) commit(cp *inflight) error {
 		e.mu.committed[k] = v
 	}
 	e.recordLocked(CheckpointStatus{ID: cp.id, Result: "completed", Duration: time.Since(cp.started), Bytes: md.Bytes, Time: md.Time, StateChanges: md.StateChanges})
-	e.log.Debug("checkpoint completed", "id", cp.id, "bytes", md.Bytes, "duration", time.Since(cp.started))
+	e.log.Debug("checkpoint completed", "job", e.cfg.Name, "checkpoint", cp.id, "bytes", md.Bytes, "duration", time.Since(cp.started))
 	return nil
 }
 

@@ -43,6 +43,7 @@ type reader struct {
 	recs     []source.Record[Message]
 	offs     []byte
 	closed   bool
+	lagState // lag.go
 
 	ready  chan struct{} // fetcher -> Poll: the buffer or state changed
 	space  chan struct{} // Poll -> fetcher: the buffer shrank
@@ -65,6 +66,7 @@ func newReader(s *Source, q protocol.MessageQueue, id string, pos Offset) *reade
 		offset: pos.Next, snap: -1, reported: -1,
 		ready: make(chan struct{}, 1), space: make(chan struct{}, 1),
 	}
+	r.initLag(pos.Next)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.wg.Add(1)
@@ -162,6 +164,7 @@ func (r *reader) Offset() []byte {
 // (informational), unless reporting is off or the offset was reported
 // already. It blocks for one round trip, at most DefaultReportTimeout.
 func (r *reader) NotifyCheckpointComplete(ctx context.Context, _ uint64) error {
+	r.checkpointed() // lag.go
 	cfg := &r.s.cfg
 	if !cfg.report || r.snap < 0 || r.snap == r.reported {
 		return nil
@@ -276,6 +279,7 @@ func (r *reader) fetch(ctx context.Context, next int64) {
 			continue
 		}
 		failures = 0
+		r.maxOffset.Store(res.MaxOffset) // lag.go
 		switch res.Status {
 		case client.PullFound:
 			b := &batch{msgs: make([]Message, 0, len(res.Messages)), next: limit(res.NextBeginOffset)}

@@ -156,6 +156,7 @@ type Broker struct {
 	srv   *remoting.Server
 	ext   extensions
 	lp    *longPoll
+	stats brokerStats // stats.go
 	tx    *transactions
 
 	topics topicTable

@@ -97,6 +97,7 @@ func (b *Broker) processPull(_ context.Context, rc *remoting.RequestCtx) (*proto
 	if resp := b.checkPull(p); resp != nil {
 		return resp, nil
 	}
+	b.stats.pulls.Add(1) // stats.go
 	h := &p.h
 	if h.SysFlag&protocol.PullFlagCommitOffset != 0 && h.CommitOffset >= 0 {
 		if err := b.store.CommitOffset(h.ConsumerGroup, h.Topic, h.QueueID, h.CommitOffset); err != nil {
@@ -214,6 +215,7 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 		b.log.Error("broker: pull read failed", "topic", h.Topic, "queue", h.QueueID, "offset", off, "err", err)
 		b.answerPull(p, protocol.ResSystemError, "read failed: "+err.Error(), off, minOff, maxOff, nil)
 	case taken > 0:
+		b.stats.pulledMsgs.Add(int64(taken)) // stats.go
 		b.answerPull(p, protocol.ResSuccess, statusFound, next, minOff, maxOff, body)
 	case next > off:
 		b.answerPull(p, protocol.ResPullRetryImmediately, statusNoMatched, next, minOff, maxOff, nil)

@@ -67,6 +67,7 @@ func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*pro
 	if !b.running() {
 		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
 	}
+	b.stats.sent(len(req.Body)) // stats.go
 	batch := h.Batch.Or(false)
 	if len(req.Body) > b.cfg.maxMessageSize {
 		return respond(req, protocol.ResMessageIllegal, "message body size "+strconv.Itoa(len(req.Body))+

@@ -71,6 +71,7 @@ type config struct {
 	logger          *slog.Logger
 	remotingOpts    []remoting.Option
 	clientIP        netip.Addr
+	hooks           clientHooks // hooks.go
 }
 
 func defaultConfig() config {

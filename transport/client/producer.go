@@ -327,9 +327,14 @@ func (p *Producer) release(ob *outbound) { p.putBuf(ob.buf); ob.buf = nil }
 // Errors: ErrInvalidMessage (nothing sent), ErrNoRoute, a *protocol.Error
 // reply, or a transport error; MaybeApplied(err) tells whether the message
 // may have been stored anyway.
-func (p *Producer) Send(ctx context.Context, msgs ...*Message) (SendResult, error) {
+func (p *Producer) Send(ctx context.Context, msgs ...*Message) (res SendResult, err error) {
 	var ob outbound
-	if err := p.prepare(&ob, msgs, false); err != nil {
+	var inject []string
+	if p.c.cfg.hooks.sendHooked() { // hooks.go
+		ctx, inject = p.beforeSend(ctx, msgs)
+		defer func() { p.afterSend(ctx, sendTopic(msgs), len(msgs), res, err) }()
+	}
+	if err := p.prepare(&ob, msgs, false, inject...); err != nil {
 		return SendResult{}, err
 	}
 	defer p.release(&ob)
@@ -345,7 +350,13 @@ func (p *Producer) Send(ctx context.Context, msgs ...*Message) (SendResult, erro
 // call Client.Close.
 func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), msgs ...*Message) {
 	var ob outbound
-	if err := p.prepare(&ob, msgs, false); err != nil {
+	var inject []string
+	if p.c.cfg.hooks.sendHooked() { // hooks.go
+		ctx, inject = p.beforeSend(ctx, msgs)
+		hctx, topic, n, userCB := ctx, sendTopic(msgs), len(msgs), cb
+		cb = func(res SendResult, err error) { p.afterSend(hctx, topic, n, res, err); userCB(res, err) }
+	}
+	if err := p.prepare(&ob, msgs, false, inject...); err != nil {
 		cb(SendResult{}, err)
 		return
 	}
@@ -377,9 +388,14 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 // SendOneway sends without asking for an answer: it returns once the
 // request is queued on the connection, and there is no telling whether the
 // broker stored it. Only connection failures are retried.
-func (p *Producer) SendOneway(ctx context.Context, msgs ...*Message) error {
+func (p *Producer) SendOneway(ctx context.Context, msgs ...*Message) (retErr error) {
 	var ob outbound
-	if err := p.prepare(&ob, msgs, false); err != nil {
+	var inject []string
+	if p.c.cfg.hooks.sendHooked() { // hooks.go
+		ctx, inject = p.beforeSend(ctx, msgs)
+		defer func() { p.afterSend(ctx, sendTopic(msgs), len(msgs), SendResult{}, retErr) }()
+	}
+	if err := p.prepare(&ob, msgs, false, inject...); err != nil {
 		return err
 	}
 	defer p.release(&ob)
@@ -716,8 +732,9 @@ func appendMsgProps(dst []byte, m *Message, id []byte, extra ...string) []byte {
 }
 
 // prepare validates msgs and encodes them into ob. half marks a
-// transactional half message (single only).
-func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool) error {
+// transactional half message (single only). inject are property name/value
+// pairs added to every message (from HookProduce).
+func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool, inject ...string) error {
 	if p.closed.Load() || p.c.closed.Load() {
 		return ErrClosed
 	}
@@ -740,6 +757,9 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool) error {
 			}
 			extra = []string{protocol.PropTransactionPrepared, "true", protocol.PropProducerGroup, p.group}
 			ob.sysFlag |= protocol.SysFlagTransactionPrepared
+		}
+		if len(inject) > 0 {
+			extra = append(extra, inject...)
 		}
 		sb := p.getBuf()
 		var idb [56]byte
@@ -796,7 +816,7 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool) error {
 		}
 		start := len(ids)
 		ids = p.c.uniq.AppendNext(ids)
-		pb := appendMsgProps((*scratch)[:0], bm, ids[start:])
+		pb := appendMsgProps((*scratch)[:0], bm, ids[start:], inject...)
 		*scratch = pb
 		if len(pb) > protocol.MaxPropertiesLength {
 			*bb = body

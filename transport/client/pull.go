@@ -102,6 +102,13 @@ type PullResult struct {
 // TAG expressions are also applied client-side, as RocketMQ clients do,
 // since brokers filter by tag hash only.
 func (c *Client) Pull(ctx context.Context, req PullRequest) (*PullResult, error) {
+	if len(c.cfg.hooks.pull) > 0 {
+		return c.pullHooked(ctx, req) // hooks.go
+	}
+	return c.pull(ctx, req)
+}
+
+func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error) {
 	if err := validateName("consumer group", req.Group, MaxGroupLength); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}

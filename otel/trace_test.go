@@ -1,0 +1,227 @@
+package otel_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	rotel "github.com/runnel-dev/runnel/otel"
+	"github.com/runnel-dev/runnel/pipeline"
+	sinkmq "github.com/runnel-dev/runnel/sink/rocketmq"
+	srcmq "github.com/runnel-dev/runnel/source/rocketmq"
+	"github.com/runnel-dev/runnel/transport/client"
+)
+
+// TestTraceEndToEnd follows one record: a runnel producer sends it with a
+// trace context, the embedded broker stores it, a job reads it
+// (source/rocketmq), maps it and writes it with sink/rocketmq, and a
+// downstream consumer pulls the output message. Every step must be one
+// trace with the right parents, and the checkpoint that committed the
+// record must link to its receive span.
+func TestTraceEndToEnd(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tel, err := rotel.New(rotel.WithTracerProvider(tp), rotel.WithConsumerGroup("trace_job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tel.Shutdown(context.Background()) }()
+
+	cl := newCluster(t)
+	admin := cl.client()
+	cl.createTopic(admin, "trace_in", 1)
+	cl.createTopic(admin, "trace_out", 1)
+
+	// Upstream producer: a hooked client, a parent span in the caller's ctx.
+	up := cl.producer(cl.client(tel), "up_producer")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rootCtx, root := tp.Tracer("test").Start(ctx, "upstream work")
+	q := queue("trace_in", 0)
+	res, err := up.Send(rootCtx, &client.Message{Topic: "trace_in", Queue: &q, Body: []byte("hello"), Tags: "greeting"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+
+	// The job: source/rocketmq -> Map -> sink/rocketmq, bounded.
+	jobClient := cl.client(tel)
+	src, err := srcmq.New(jobClient, "trace_in", srcmq.WithGroup("trace_job"), srcmq.WithStop(srcmq.StopAtLatest()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := queue("trace_out", 0)
+	sk, err := sinkmq.New(cl.producer(jobClient, "job_producer"), func(b []byte) (*client.Message, error) {
+		return &client.Message{Topic: "trace_out", Queue: &out, Body: b}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := pipeline.New("trace-job", pipeline.Hooks(tel), pipeline.CheckpointDir(t.TempDir()))
+	msgs := pipeline.FromSource(job, "in", src)
+	upper := pipeline.Map(msgs, "upper", func(ctx context.Context, m srcmq.Message) ([]byte, error) {
+		if !trace.SpanContextFromContext(ctx).IsSampled() {
+			return nil, fmt.Errorf("handler ctx carries no sampled span")
+		}
+		return bytes.ToUpper(m.Body), nil
+	})
+	pipeline.To(upper, "out-sink", sk)
+	if err := job.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Downstream consumer: a plain pull, with a receive span per message.
+	var pulled *client.PullResult
+	checkFor(t, 10*time.Second, func() error {
+		var err error
+		pulled, err = admin.Pull(ctx, client.PullRequest{Queue: out, Offset: 0, Group: "downstream"})
+		if err != nil {
+			return err
+		}
+		if len(pulled.Messages) != 1 {
+			return fmt.Errorf("pulled %d messages (status %v)", len(pulled.Messages), pulled.Status)
+		}
+		return nil
+	})
+	if got := string(pulled.Messages[0].Body); got != "HELLO" {
+		t.Fatalf("output body %q", got)
+	}
+	_, span := tel.ReceiveMessage(ctx, "downstream", &pulled.Messages[0])
+	span.End()
+
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	var checkpoints []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.InstrumentationScope().Name == rotel.ScopeName && len(s.Name()) > 11 && s.Name()[:11] == "checkpoint " {
+			checkpoints = append(checkpoints, s)
+			continue
+		}
+		if _, dup := spans[s.Name()]; dup {
+			t.Errorf("span %q recorded twice", s.Name())
+		}
+		spans[s.Name()] = s
+	}
+	get := func(name string) sdktrace.ReadOnlySpan {
+		t.Helper()
+		s, ok := spans[name]
+		if !ok {
+			names := make([]string, 0, len(spans))
+			for n := range spans {
+				names = append(names, n)
+			}
+			t.Fatalf("no span %q among %q", name, names)
+		}
+		return s
+	}
+	rootSpan := get("upstream work")
+	send := get("trace_in send")
+	receive := get("trace_in receive")
+	mapSpan := get("map upper")
+	sinkSpan := get("sink out-sink")
+	outSend := get("trace_out send")
+	outReceive := get("trace_out receive")
+
+	traceID := rootSpan.SpanContext().TraceID()
+	parentOf := map[string][2]sdktrace.ReadOnlySpan{
+		"trace_in send":     {send, rootSpan},
+		"trace_in receive":  {receive, send},
+		"map upper":         {mapSpan, receive},
+		"sink out-sink":     {sinkSpan, receive},
+		"trace_out send":    {outSend, sinkSpan},
+		"trace_out receive": {outReceive, outSend},
+	}
+	for name, p := range parentOf {
+		child, parent := p[0], p[1]
+		if child.SpanContext().TraceID() != traceID {
+			t.Errorf("%s: trace %s, want %s", name, child.SpanContext().TraceID(), traceID)
+		}
+		if child.Parent().SpanID() != parent.SpanContext().SpanID() {
+			t.Errorf("%s: parent %s, want %s (%s)", name, child.Parent().SpanID(), parent.SpanContext().SpanID(), parent.Name())
+		}
+	}
+	wantKind := map[sdktrace.ReadOnlySpan]trace.SpanKind{
+		send: trace.SpanKindProducer, outSend: trace.SpanKindProducer,
+		receive: trace.SpanKindConsumer, outReceive: trace.SpanKindConsumer,
+		mapSpan: trace.SpanKindInternal, sinkSpan: trace.SpanKindInternal,
+	}
+	for s, k := range wantKind {
+		if s.SpanKind() != k {
+			t.Errorf("%s: kind %v, want %v", s.Name(), s.SpanKind(), k)
+		}
+	}
+
+	// Messaging semantic conventions.
+	attrs := func(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+		m := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes() {
+			m[kv.Key] = kv.Value
+		}
+		return m
+	}
+	want := func(s sdktrace.ReadOnlySpan, key, value string) {
+		t.Helper()
+		if got, ok := attrs(s)[attribute.Key(key)]; !ok || got.Emit() != value {
+			t.Errorf("%s: %s = %q (present %v), want %q", s.Name(), key, got.Emit(), ok, value)
+		}
+	}
+	for _, s := range []sdktrace.ReadOnlySpan{send, receive, outSend, outReceive} {
+		want(s, "messaging.system", "rocketmq")
+	}
+	want(send, "messaging.operation.type", "send")
+	want(send, "messaging.destination.name", "trace_in")
+	want(send, "messaging.message.id", res.MsgID)
+	want(send, "messaging.destination.partition.id", "0")
+	want(send, "messaging.rocketmq.message.tag", "greeting")
+	want(receive, "messaging.operation.type", "receive")
+	want(receive, "messaging.destination.name", "trace_in")
+	want(receive, "messaging.message.id", res.MsgID)
+	want(receive, "messaging.consumer.group.name", "trace_job")
+	want(receive, "messaging.destination.partition.id", "0")
+	want(mapSpan, "runnel.operator.uid", "upper")
+	want(outSend, "messaging.destination.name", "trace_out")
+	want(outReceive, "messaging.consumer.group.name", "downstream")
+	want(outReceive, "messaging.message.id", string(mustProp(t, pulled.Messages[0].Properties, "UNIQ_KEY")))
+
+	// The checkpoint that made the record durable links to its receive span.
+	var linked sdktrace.ReadOnlySpan
+	for _, cp := range checkpoints {
+		for _, l := range cp.Links() {
+			if l.SpanContext.SpanID() == receive.SpanContext().SpanID() {
+				if linked != nil {
+					t.Errorf("record linked from %s and %s", linked.Name(), cp.Name())
+				}
+				linked = cp
+			}
+		}
+	}
+	if linked == nil {
+		t.Fatalf("no checkpoint span (of %d) links to the record's receive span", len(checkpoints))
+	}
+	if linked.SpanContext().TraceID() == traceID {
+		t.Errorf("checkpoint span %s is in the record's trace; want its own trace", linked.Name())
+	}
+	if linked.StartTime().Before(receive.EndTime().Add(-time.Second)) && linked.EndTime().Before(receive.EndTime()) {
+		t.Errorf("checkpoint %s ended before the record was processed", linked.Name())
+	}
+	ca := attrs(linked)
+	if ca["runnel.checkpoint.offsets"].AsInt64() != 1 || ca["runnel.checkpoint.bytes"].AsInt64() <= 0 {
+		t.Errorf("checkpoint attributes %v", linked.Attributes())
+	}
+}
+
+func mustProp(t *testing.T, props, name string) string {
+	t.Helper()
+	v := rotel.PropertiesCarrier(props).Get(name)
+	if v == "" {
+		t.Fatalf("no property %s in %q", name, props)
+	}
+	return v
+}
