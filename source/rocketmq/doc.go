@@ -69,4 +69,19 @@
 // pipeline.DiscoveryInterval (30 s by default) and on Job.DiscoverNow, so
 // queues added to the topic while the job runs get their own split task, and
 // their offsets are in the following checkpoints.
+//
+// # Queue locks
+//
+// With WithQueueLocks one process owns the job's queues: Splits (and Open)
+// take the broker lock (LOCK_BATCH_MQ) of every queue of the topic under the
+// source's group before reading, a client.GroupConsumer renews them, and a
+// split whose lock is lost fails its next Poll with ErrQueueLockLost, so the
+// job stops rather than read a queue another process owns. A second process
+// of the same job waits in Splits (logging that it does) until the locks
+// are free, or fails with ErrQueueLocked after WithLockWait. The broker keeps
+// a killed process's locks until they expire (60 s) but grants them at once
+// to the same client id: build the Client with
+// client.WithInstanceName(InstanceName(jobName, checkpointDir)) so that a
+// restarted job re-acquires its queues immediately. Close the Source after
+// the job to release the locks.
 package rocketmq

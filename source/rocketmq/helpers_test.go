@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -18,7 +19,12 @@ import (
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(lockChildEnv) != "" {
+		os.Exit(lockChild()) // a job process of TestQueueLocksAcrossProcesses
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // cluster is a real name server and broker on loopback with a client.
 type cluster struct {
@@ -27,6 +33,7 @@ type cluster struct {
 	c      *client.Client
 	p      *client.Producer
 	broker string // broker name
+	ns     string // name server address
 }
 
 func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
@@ -61,7 +68,7 @@ func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	return &cluster{t: t, b: b, c: c, p: p, broker: "broker-a"}
+	return &cluster{t: t, b: b, c: c, p: p, broker: "broker-a", ns: ns.Addr()}
 }
 
 // createTopic creates topic with n queues and waits until its route shows

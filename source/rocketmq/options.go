@@ -47,6 +47,10 @@ type config struct {
 	report        bool
 	reportTimeout time.Duration
 	log           *slog.Logger
+	locks         bool
+	lockWait      time.Duration
+	lockRenew     time.Duration
+	lockValidity  time.Duration
 }
 
 func (c *config) validate() error {
@@ -66,6 +70,10 @@ func (c *config) validate() error {
 		return bad("pull retries %d < 0", c.retries)
 	case c.reportTimeout <= 0:
 		return bad("report timeout %v <= 0", c.reportTimeout)
+	case c.lockWait < 0:
+		return bad("lock wait %v < 0", c.lockWait)
+	case c.lockRenew < 0 || (c.lockRenew > 0 && c.lockValidity <= c.lockRenew):
+		return bad("lock validity %v must exceed the renew interval %v", c.lockValidity, c.lockRenew)
 	}
 	if err := c.start.validate(); err != nil {
 		return err
@@ -119,6 +127,27 @@ func WithStoreTime() Option { return optionFunc(func(c *config) { c.storeTime = 
 // (CommitOffset under the group after each completed checkpoint) on (the
 // default) or off.
 func WithOffsetReporting(on bool) Option { return optionFunc(func(c *config) { c.report = on }) }
+
+// WithQueueLocks makes the source take the broker lock of every queue of
+// the topic under its group before reading, renew it, and fail the split
+// (ErrQueueLockLost) if it is lost: one process owns the job's queues (see
+// locks.go's overview and InstanceName). Default off. Call Close after the
+// job to release the locks. Give each job its own group (WithGroup): two
+// jobs in one group exclude each other.
+func WithQueueLocks(on bool) Option { return optionFunc(func(c *config) { c.locks = on }) }
+
+// WithLockWait bounds how long Splits and Open wait for queue locks held by
+// another client before failing with ErrQueueLocked (default 0: wait until
+// the context is done).
+func WithLockWait(d time.Duration) Option { return optionFunc(func(c *config) { c.lockWait = d }) }
+
+// WithLockTiming sets the lock renew interval and the validity this client
+// trusts a lock for (defaults client.DefaultLockRenewInterval and
+// client.DefaultLockValidity; the validity must stay below the broker's lock
+// expiry, 60 s by default).
+func WithLockTiming(renew, validity time.Duration) Option {
+	return optionFunc(func(c *config) { c.lockRenew, c.lockValidity = renew, validity })
+}
 
 // WithLogger sets the source's logger (nil discards).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.log = l }) }

@@ -38,6 +38,13 @@ type Source struct {
 		sync.Mutex
 		listed map[string]bool // splits returned by Splits
 	}
+	// lk holds the queue locks (WithQueueLocks; locks.go). Lock order: lk
+	// before mu.
+	lk struct {
+		sync.Mutex
+		q      *queueLocks
+		closed bool
+	}
 }
 
 var (
@@ -103,6 +110,9 @@ func (s *Source) Splits(ctx context.Context) ([]source.Split, error) {
 		s.mu.listed[sp.ID] = true
 	}
 	s.mu.Unlock()
+	if err := s.lockQueues(ctx, splits...); err != nil {
+		return nil, err
+	}
 	return splits, nil
 }
 
@@ -134,7 +144,25 @@ func (s *Source) list(ctx context.Context) ([]source.Split, error) {
 // and starts its fetch goroutine. It may ask the broker for offsets (bounded
 // by ctx).
 func (s *Source) Open(ctx context.Context, split source.Split, restoredOffset []byte) (source.SplitReader[Message], error) {
-	return s.open(ctx, split, restoredOffset)
+	if err := s.lockQueues(ctx, split); err != nil {
+		return nil, err
+	}
+	r, err := s.open(ctx, split, restoredOffset)
+	if err != nil {
+		return nil, err
+	}
+	return withFence[Message](s, r, r.q), nil
+}
+
+// withFence wraps r to fail once its queue's lock is lost (queue locking).
+func withFence[T any](s *Source, r source.SplitReader[T], q protocol.MessageQueue) source.SplitReader[T] {
+	s.lk.Lock()
+	ql := s.lk.q
+	s.lk.Unlock()
+	if ql == nil {
+		return r
+	}
+	return &fenced[T]{SplitReader: r, locks: ql, q: q}
 }
 
 func (s *Source) open(ctx context.Context, split source.Split, restored []byte) (*reader, error) {
@@ -224,11 +252,14 @@ func (b bytesSource) DiscoverSplits(ctx context.Context) ([]source.Split, error)
 }
 
 func (b bytesSource) Open(ctx context.Context, split source.Split, restored []byte) (source.SplitReader[[]byte], error) {
+	if err := b.s.lockQueues(ctx, split); err != nil {
+		return nil, err
+	}
 	r, err := b.s.open(ctx, split, restored)
 	if err != nil {
 		return nil, err
 	}
-	return &bytesReader{r: r}, nil
+	return withFence[[]byte](b.s, &bytesReader{r: r}, r.q), nil
 }
 
 // bytesReader converts a reader's records to bodies.
