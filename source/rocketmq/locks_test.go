@@ -283,4 +283,3 @@ func TestQueueLocksAcrossProcesses(t *testing.T) {
 	default:
 	}
 }
-
