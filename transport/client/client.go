@@ -592,19 +592,25 @@ func (c *Client) invokeOneway(ctx context.Context, addr string, req *protocol.Co
 // when the response arrives and must not block. ctx bounds the wait for the
 // response; without a deadline the request timeout applies.
 func (c *Client) invokeAsync(ctx context.Context, addr string, req *protocol.Command, cb func(*protocol.Command, error)) {
-	var cancel context.CancelFunc = func() {}
+	var timeout time.Duration
 	if _, ok := ctx.Deadline(); !ok {
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+		timeout = c.cfg.requestTimeout
 	}
+	c.invokeAsyncTimeout(ctx, addr, req, timeout, cb)
+}
+
+// invokeAsyncTimeout is invokeAsync bounded by ctx and, when timeout > 0,
+// by timeout from now, whichever ends first. The timeout is enforced by the
+// connection's own timer (remoting.Conn.InvokeAsyncTimeout), sparing a
+// context.WithTimeout per request.
+func (c *Client) invokeAsyncTimeout(ctx context.Context, addr string, req *protocol.Command, timeout time.Duration, cb func(*protocol.Command, error)) {
 	cn, err := c.conn(ctx, addr)
 	if err != nil {
-		cancel()
 		cb(nil, err)
 		return
 	}
 	c.sign(req)
-	cn.InvokeAsync(ctx, req, func(resp *protocol.Command, err error) {
-		cancel()
+	cn.InvokeAsyncTimeout(ctx, req, timeout, func(resp *protocol.Command, err error) {
 		if err != nil {
 			cb(nil, &sentError{addr: addr, err: err})
 			return

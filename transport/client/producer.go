@@ -52,7 +52,8 @@ type Message struct {
 	// (TIMER_DELIVER_MS); zero = none. Exclusive with DelayLevel.
 	DeliverTime time.Time
 	// ShardingKey orders messages: HashBySharding sends equal keys to one
-	// queue. It is also carried as the __SHARDINGKEY property.
+	// queue. It is also carried as the __SHARDINGKEY (Java) and SHARDING_KEY
+	// (rocketmq-client-go) properties.
 	ShardingKey string
 	// Queue, when non-nil, is the queue to send to (no selector, no
 	// failover to another queue).
@@ -367,11 +368,9 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 		return
 	}
 	cmd := p.buildCmd(&ob, q)
-	actx, cancel := p.attemptCtx(ctx)
 	start := time.Now()
 	msgID := ob.msgID
-	p.c.invokeAsync(actx, addr, cmd, func(resp *protocol.Command, err error) {
-		cancel()
+	p.c.invokeAsyncTimeout(ctx, addr, cmd, p.attemptTimeout(ctx), func(resp *protocol.Command, err error) {
 		lat := time.Since(start)
 		if err != nil {
 			p.fault.update(q.BrokerName, lat, true)
@@ -424,12 +423,24 @@ func (p *Producer) SendOneway(ctx context.Context, msgs ...*Message) (retErr err
 	return err
 }
 
-func (p *Producer) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+// attemptTimeout returns the timeout of one send attempt: the send timeout
+// (or the request timeout), or 0 when ctx's deadline comes first and so
+// bounds the attempt alone.
+func (p *Producer) attemptTimeout(ctx context.Context) time.Duration {
 	d := p.cfg.sendTimeout
 	if d == 0 {
 		d = p.c.cfg.requestTimeout
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
+		return 0
+	}
+	return d
+}
+
+// attemptCtx bounds ctx by the attempt timeout, for synchronous attempts.
+func (p *Producer) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := p.attemptTimeout(ctx)
+	if d == 0 {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, d)
@@ -607,7 +618,7 @@ var notAllowedSendTopics = [...]string{
 var reservedProps = [...]string{
 	protocol.PropTags, protocol.PropKeys, protocol.PropUniqKey, protocol.PropDelayLevel,
 	protocol.PropTransactionPrepared, protocol.PropProducerGroup, protocol.PropTimerDeliverMS,
-	protocol.PropTimerDelaySec, protocol.PropTimerDelayMS, protocol.PropShardingKeyJava,
+	protocol.PropTimerDelaySec, protocol.PropTimerDelayMS, protocol.PropShardingKeyJava, protocol.PropShardingKey,
 	protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionID,
 	protocol.PropRetryTopic, protocol.PropWaitStoreMsgOK,
 }
@@ -686,7 +697,7 @@ func ValidateMessage(m *Message, maxBody int) error {
 }
 
 // appendMsgProps appends m's properties (user properties, TAGS, KEYS,
-// DELAY, TIMER_DELIVER_MS, __SHARDINGKEY, then UNIQ_KEY = id and extra) to
+// DELAY, TIMER_DELIVER_MS, __SHARDINGKEY and SHARDING_KEY, then UNIQ_KEY = id and extra) to
 // dst.
 func appendMsgProps(dst []byte, m *Message, id []byte, extra ...string) []byte {
 	for k, v := range m.Properties {
@@ -719,7 +730,9 @@ func appendMsgProps(dst []byte, m *Message, id []byte, extra ...string) []byte {
 		dst = append(dst, protocol.PropSeparator)
 	}
 	if m.ShardingKey != "" {
+		// Under both names: Java's, and the one rocketmq-client-go reads.
 		dst = protocol.AppendProperty(dst, protocol.PropShardingKeyJava, m.ShardingKey)
+		dst = protocol.AppendProperty(dst, protocol.PropShardingKey, m.ShardingKey)
 	}
 	dst = append(dst, protocol.PropUniqKey...)
 	dst = append(dst, protocol.PropNameValueSeparator)

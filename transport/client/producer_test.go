@@ -76,8 +76,12 @@ func TestProducerSyncAsyncOnewayBatch(t *testing.T) {
 	if v, _ := g.Property("color"); v != "blue" {
 		t.Fatalf("user property lost: %q", g.Properties)
 	}
-	if v, _ := g.Property(protocol.PropShardingKeyJava); v != "s1" {
-		t.Fatalf("sharding key lost: %q", g.Properties)
+	// The sharding key travels under Java's name and under the one the
+	// official Go consumer reads.
+	for _, name := range []string{protocol.PropShardingKeyJava, protocol.PropShardingKey} {
+		if v, _ := g.Property(name); v != "s1" {
+			t.Fatalf("sharding key lost under %s: %q", name, g.Properties)
+		}
 	}
 
 	// Async: 50 in flight, each callback exactly once.
