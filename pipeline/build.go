@@ -207,6 +207,7 @@ func (b *chainBuilder) rejecterFor(n *node, operator string, p Policy) func(ctx 
 		return func(_ context.Context, err error, _ any, _ int64) error {
 			c.rejected++
 			hooks.onDeadLetter(operator, err, fromSource, "skip")
+			recordDeadLetter(b.r.engine, operator, "skip", fromSource, err) // statusgraph.go
 			return nil
 		}
 	case policyDeadLetter:
@@ -221,6 +222,7 @@ func (b *chainBuilder) rejecterFor(n *node, operator string, p Policy) func(ctx 
 		return func(ctx context.Context, err error, v any, ts int64) error {
 			c.rejected++
 			hooks.onDeadLetter(operator, err, fromSource, "dead-letter")
+			recordDeadLetter(b.r.engine, operator, "dead-letter", fromSource, err) // statusgraph.go
 			d := sink.DeadLetter{
 				Source:   b.meta.source,
 				Operator: operator,

@@ -315,6 +315,7 @@ func (j *Job) Run(ctx context.Context) error {
 	if err := r.plan(ctx); err != nil {
 		return errors.Join(err, eng.Close())
 	}
+	eng.SetGraph(r.statusGraph()) // statusgraph.go
 	if j.cfg.onStatusAddr != nil {
 		j.cfg.onStatusAddr(eng.StatusAddr())
 	}

@@ -86,7 +86,8 @@ type Engine struct {
 	closed   atomic.Bool
 	ids      atomic.Uint64
 	statusLn net.Listener
-	obs      hooks // hooks.go
+	obs      hooks      // hooks.go
+	page     statusPage // statuspage.go
 
 	mu struct {
 		sync.Mutex
@@ -290,8 +291,10 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer cancelTasks()
 	var wg sync.WaitGroup
 	var httpSrv *http.Server
+	quitSampler := make(chan struct{}) // statuspage.go
 	if e.statusLn != nil {
 		httpSrv = &http.Server{Handler: e.statusHandler(), ReadHeaderTimeout: 5 * time.Second}
+		wg.Go(func() { e.runSampler(quitSampler) })
 		wg.Go(func() {
 			if err := httpSrv.Serve(e.statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				e.log.Warn("status endpoint stopped", "err", err)
@@ -331,6 +334,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if httpSrv != nil {
 		_ = httpSrv.Close() // stops Serve, joined by wg below
 	}
+	close(quitSampler)
 	stopMetrics()
 	wg.Wait()
 	e.mu.Lock()

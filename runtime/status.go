@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"net/http"
 	"sort"
 	"strings"
@@ -100,11 +99,6 @@ func (e *Engine) Status() Status {
 
 func (e *Engine) statusHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(e.Status()) // a failed write means the client went away
-	})
+	e.registerStatusRoutes(mux) // statuspage.go: /, /status, /status/history, /ui/
 	return mux
 }
