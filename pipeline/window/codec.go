@@ -119,6 +119,31 @@ func (metaCodec) Decode(b []byte) (contentsMeta, error) {
 
 func (metaCodec) ID() string { return "window-meta-v1" }
 
+// sessionsCodec encodes a key's session windows as (actual, state) span
+// pairs, 32 bytes each.
+type sessionsCodec struct{}
+
+func (sessionsCodec) Append(dst []byte, ss []session) ([]byte, error) {
+	for _, s := range ss {
+		dst, _ = spanCodec{}.Append(dst, s.actual)
+		dst, _ = spanCodec{}.Append(dst, s.state)
+	}
+	return dst, nil
+}
+
+func (sessionsCodec) Decode(b []byte) ([]session, error) {
+	if len(b)%32 != 0 {
+		return nil, fmt.Errorf("%w: session list of %d bytes", errDecode, len(b))
+	}
+	ss := make([]session, len(b)/32)
+	for i := range ss {
+		ss[i] = session{actual: decodeSpan(b[32*i:]), state: decodeSpan(b[32*i+16:])}
+	}
+	return ss, nil
+}
+
+func (sessionsCodec) ID() string { return "window-sessions-v1" }
+
 // bytesCodec stores trigger state as it is (Decode copies).
 type bytesCodec struct{}
 

@@ -1,8 +1,10 @@
 package window
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/runnel-dev/runnel/pipeline"
@@ -90,12 +92,11 @@ type operator[K comparable, T, OUT any] struct {
 	trig     Trigger
 	err      error // definition error, reported by Open
 
-	sessions *state.Map[span, span]   // merging: actual window -> state window
+	sessions *state.Value[[]session]  // merging: the key's windows (actual -> state)
 	tstate   *state.Map[span, []byte] // custom triggers
 
 	ctx   *pipeline.KeyedContext[K, Result[K, OUT]]
 	buf   []span
-	ents  []session
 	cur   span // the window being fired
 	pane  Pane[K]
 	tctx  TriggerContext
@@ -139,7 +140,7 @@ func (o *operator[K, T, OUT]) Open(oc *pipeline.OpenContext) (err error) {
 		return err
 	}
 	if o.a.merging() {
-		if o.sessions, err = state.NewMap(b, "window.sessions", spanCodec{}, spanCodec{}); err != nil {
+		if o.sessions, err = state.NewValue(b, "window.sessions", state.Codec[[]session](sessionsCodec{})); err != nil {
 			return err
 		}
 	}
@@ -236,19 +237,22 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 	if err != nil {
 		return err
 	}
+	// Split the key's sessions into those the record's window touches
+	// (merged, in start order) and the others (kept).
 	cover := w
-	n := 0
+	var merged []session
+	kept := ents[:0:0]
 	for _, e := range ents {
 		if e.actual.intersects(w) {
-			ents[n] = e
-			n++
+			merged = append(merged, e)
 			cover = cover.cover(e.actual)
+		} else {
+			kept = append(kept, e)
 		}
 	}
-	merged := ents[:n]
 	var actual, sw span
 	switch {
-	case n == 0:
+	case len(merged) == 0:
 		if o.a.eventTime() && o.cleanupTime(w) <= wm {
 			if satAdd(ts, o.lateness) <= wm {
 				return o.late(v)
@@ -256,13 +260,13 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 			return nil
 		}
 		actual, sw = w, w
-		if err := o.sessions.Put(w, w); err != nil {
+		if err := o.storeSessions(append(kept, session{actual: w, state: w})); err != nil {
 			return err
 		}
 		if err := o.registerTimers(w, wm); err != nil {
 			return err
 		}
-	case n == 1 && merged[0].actual == cover:
+	case len(merged) == 1 && merged[0].actual == cover:
 		actual, sw = cover, merged[0].state
 	default:
 		// The record joins (and may bridge) existing sessions: their state
@@ -274,12 +278,7 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 				return err
 			}
 		}
-		for _, e := range merged {
-			if err := o.sessions.Delete(e.actual); err != nil {
-				return err
-			}
-		}
-		if err := o.sessions.Put(cover, sw); err != nil {
+		if err := o.storeSessions(append(kept, session{actual: cover, state: sw})); err != nil {
 			return err
 		}
 		if err := o.registerTimers(cover, wm); err != nil {
@@ -295,14 +294,22 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 	return nil
 }
 
-// loadSessions reads the current key's session windows.
+// loadSessions reads the current key's session windows (one state
+// entry: a key has few sessions at a time, and a point read and write per
+// record beats scanning a map whose keys change as sessions grow).
 func (o *operator[K, T, OUT]) loadSessions() ([]session, error) {
-	o.ents = o.ents[:0]
-	err := o.sessions.Range(func(a, s span) bool {
-		o.ents = append(o.ents, session{actual: a, state: s})
-		return true
-	})
-	return o.ents, err
+	ents, _, err := o.sessions.Get()
+	return ents, err
+}
+
+// storeSessions writes the current key's session windows, ordered by
+// start (so merges keep the earliest session's state window).
+func (o *operator[K, T, OUT]) storeSessions(ents []session) error {
+	if len(ents) == 0 {
+		return o.sessions.Clear()
+	}
+	slices.SortFunc(ents, func(x, y session) int { return cmp.Compare(x.actual.start, y.actual.start) })
+	return o.sessions.Set(ents)
 }
 
 // registerTimers registers the default trigger's timers of a new window:
@@ -406,29 +413,29 @@ func (o *operator[K, T, OUT]) onTimerMerging(ts int64) error {
 	if err != nil {
 		return err
 	}
+	kept := ents[:0:0]
 	for _, e := range ents {
 		c := o.cleanupTime(e.actual)
 		switch {
 		case e.actual.maxTs() == ts:
-			purge := c == ts
-			if err := o.fire(e.actual, e.state, purge); err != nil {
+			if err := o.fire(e.actual, e.state, c == ts); err != nil {
 				return err
 			}
-			if purge {
-				if err := o.sessions.Delete(e.actual); err != nil {
-					return err
-				}
+			if c != ts {
+				kept = append(kept, e)
 			}
 		case c == ts:
 			if err := o.cont.clear(e.state); err != nil {
 				return err
 			}
-			if err := o.sessions.Delete(e.actual); err != nil {
-				return err
-			}
+		default:
+			kept = append(kept, e)
 		}
 	}
-	return nil
+	if len(kept) == len(ents) {
+		return nil
+	}
+	return o.storeSessions(kept)
 }
 
 // onTimerTrigger asks the custom trigger about every window of the key,
