@@ -19,7 +19,7 @@ const deleteChunk = 4096
 // ASYNC background sync, a config/meta write, or Close). A process crash
 // normally loses nothing; a machine crash can lose the commits since the
 // last fsync, which consumers tolerate (re-delivery).
-func (s *Store) CommitOffset(group, topic string, queue int32, off int64) error {
+func (s *Store) CommitOffset(group, topic string, queue int32, off int64) (err error) {
 	if err := checkOffsetArgs(group, topic, queue); err != nil {
 		return err
 	}
@@ -30,11 +30,15 @@ func (s *Store) CommitOffset(group, topic string, queue int32, off int64) error 
 		return err
 	}
 	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, "commit offset")
 	var kb [128]byte
 	var vb [8]byte
 	binary.BigEndian.PutUint64(vb[:], uint64(off))
 	if err := s.db.Set(appendOffsetKey(kb[:0], group, topic, queue), vb[:], pebble.NoSync); err != nil {
-		return fmt.Errorf("store: commit offset: %w", err)
+		return s.fail("commit offset", err)
 	}
 	return nil
 }
@@ -188,12 +192,12 @@ func (s *Store) GroupConfigs() (map[string][]byte, error) { return s.allNamed(pr
 
 // DeleteGroup durably removes the group's config and all its consumer
 // offsets (scanning the offset key space).
-func (s *Store) DeleteGroup(name string) error {
+func (s *Store) DeleteGroup(name string) (err error) {
 	if err := checkName("group", name, MaxNameLen); err != nil {
 		return err
 	}
 	var keys [][]byte
-	err := s.scanOffsets("", func(topic, group string, queue int32, _ int64) bool {
+	err = s.scanOffsets("", func(topic, group string, queue int32, _ int64) bool {
 		if group == name {
 			keys = append(keys, appendOffsetKey(nil, group, topic, queue))
 		}
@@ -206,6 +210,10 @@ func (s *Store) DeleteGroup(name string) error {
 		return err
 	}
 	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, "delete group")
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, k := range keys {
@@ -217,12 +225,12 @@ func (s *Store) DeleteGroup(name string) error {
 		return fmt.Errorf("store: delete group: %w", err)
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("store: delete group: %w", err)
+		return s.fail("delete group", err)
 	}
 	return nil
 }
 
-func (s *Store) putNamed(prefix byte, kind, name string, v []byte) error {
+func (s *Store) putNamed(prefix byte, kind, name string, v []byte) (err error) {
 	if err := checkName(kind, name, MaxNameLen); err != nil {
 		return err
 	}
@@ -233,8 +241,12 @@ func (s *Store) putNamed(prefix byte, kind, name string, v []byte) error {
 		return err
 	}
 	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, "put config")
 	if err := s.db.Set(appendNameKey(nil, prefix, name), v, pebble.Sync); err != nil {
-		return fmt.Errorf("store: put %s config: %w", kind, err)
+		return s.fail("put "+kind+" config", err)
 	}
 	return nil
 }
@@ -279,7 +291,7 @@ func (s *Store) allNamed(prefix byte) (map[string][]byte, error) {
 // PutMeta durably (fsync) stores a value in the broker's meta key space
 // (transaction op records, delay-level schedule progress…). Keys are
 // 1..MaxMetaKeyLen bytes; values at most MaxValueLen.
-func (s *Store) PutMeta(key, value []byte) error {
+func (s *Store) PutMeta(key, value []byte) (err error) {
 	if err := checkMetaKey(key); err != nil {
 		return err
 	}
@@ -290,8 +302,12 @@ func (s *Store) PutMeta(key, value []byte) error {
 		return err
 	}
 	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, "put meta")
 	if err := s.db.Set(metaKey(key), value, pebble.Sync); err != nil {
-		return fmt.Errorf("store: put meta: %w", err)
+		return s.fail("put meta", err)
 	}
 	return nil
 }
@@ -309,7 +325,7 @@ func (s *Store) GetMeta(key []byte) ([]byte, bool, error) {
 }
 
 // DeleteMeta durably removes a meta key (no error if absent).
-func (s *Store) DeleteMeta(key []byte) error {
+func (s *Store) DeleteMeta(key []byte) (err error) {
 	if err := checkMetaKey(key); err != nil {
 		return err
 	}
@@ -317,8 +333,12 @@ func (s *Store) DeleteMeta(key []byte) error {
 		return err
 	}
 	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, "delete meta")
 	if err := s.db.Delete(metaKey(key), pebble.Sync); err != nil {
-		return fmt.Errorf("store: delete meta: %w", err)
+		return s.fail("delete meta", err)
 	}
 	return nil
 }
@@ -398,7 +418,7 @@ func (s *Store) TruncateBefore(topic string, queue int32, offset int64) error {
 			err = b.Set(q.metaKey, v[:], nil)
 		}
 		if err == nil {
-			err = b.Commit(pebble.Sync)
+			err = s.commitBatch(b, pebble.Sync)
 		}
 		if cerr := b.Close(); err == nil {
 			err = cerr
@@ -462,7 +482,7 @@ func (s *Store) DeleteTopic(topic string) error {
 			return false, err
 		}
 		if n++; n%deleteChunk == 0 {
-			if err := b.Commit(pebble.NoSync); err != nil {
+			if err := s.commitBatch(b, pebble.NoSync); err != nil {
 				return false, err
 			}
 			_ = b.Close()
@@ -481,7 +501,7 @@ func (s *Store) DeleteTopic(topic string) error {
 		err = b.Delete(appendNameKey(nil, prefixTopicCfg, topic), nil)
 	}
 	if err == nil {
-		err = b.Commit(pebble.Sync)
+		err = s.commitBatch(b, pebble.Sync)
 	}
 	if cerr := b.Close(); err == nil {
 		err = cerr

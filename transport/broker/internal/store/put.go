@@ -111,6 +111,9 @@ func (s *Store) newPutRequest(msgs []PutMessage) (*putRequest, error) {
 	if err := s.failedErr(); err != nil {
 		return nil, err
 	}
+	if err := s.disk.admit(size, len(msgs)); err != nil {
+		return nil, err
+	}
 	r := s.reqPool.Get().(*putRequest)
 	r.msgs, r.size = msgs, size
 	return r, nil
@@ -361,9 +364,7 @@ func (s *Store) commit(reqs []*putRequest) error {
 	if s.opts.FlushMode == FlushAsync {
 		wo = pebble.NoSync
 	}
-	if err := b.Commit(wo); err != nil {
-		err = fmt.Errorf("store: commit: %w", err)
-		s.setFailed(err)
+	if err := s.commitBatch(b, wo); err != nil {
 		return s.abortRound(touched, refs, err)
 	}
 	if s.opts.FlushMode == FlushSync {
@@ -384,6 +385,17 @@ func (s *Store) commit(reqs []*putRequest) error {
 	}
 	s.touched = touched[:0]
 	s.clearRefs(refs)
+	return nil
+}
+
+// commitBatch commits a round's batch. Any failure, a returned error or
+// Pebble's fatal commit error (a failed WAL write or fsync), makes the
+// store fail: the round is never retried.
+func (s *Store) commitBatch(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	defer s.recoverFatal(&err, "commit")
+	if err := b.Commit(wo); err != nil {
+		return s.fail("commit", err)
+	}
 	return nil
 }
 

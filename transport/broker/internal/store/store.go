@@ -23,9 +23,16 @@ var (
 	ErrNotFound = errors.New("store: not found")
 	// ErrCorrupt is returned when stored data does not decode.
 	ErrCorrupt = errors.New("store: corrupt data")
-	// ErrFailed is returned by writes after a write to Pebble failed; the
-	// store must be closed and reopened (which recovers a consistent state).
+	// ErrFailed is returned by writes after a write or fsync to Pebble
+	// failed: the store is fail-stop (a failed fsync is never retried, since
+	// the kernel may have dropped the dirty pages it could not write). Reads
+	// keep working; the store must be closed and reopened, which recovers
+	// the state that was durable.
 	ErrFailed = errors.New("store: failed")
+	// ErrDiskFull is returned by Put and PutAsync while the disk holding the
+	// store is used above Options.DiskHighWatermark; writes are accepted
+	// again by themselves once usage falls below it.
+	ErrDiskFull = errors.New("store: disk usage above the high-water mark")
 )
 
 // Fixed positions in a stored record (protocol doc §4.1).
@@ -73,6 +80,13 @@ const (
 	// the time of one fsync); a process crash (kill -9) can lose only what
 	// Pebble had not yet handed to the OS, normally nothing or the last few
 	// milliseconds. Lost messages' offsets are reused after restart.
+	//
+	// A failed WAL write or fsync (disk full, I/O error) in this mode can end
+	// the process: Pebble reports it to the next unsynced commit by
+	// panicking inside its commit pipeline, which the store cannot recover
+	// from safely. That is fail-stop too (acknowledged messages of the last
+	// interval may be lost, as in a machine crash); FlushSync turns the same
+	// failure into ErrFailed.
 	FlushAsync
 )
 
@@ -114,6 +128,18 @@ type Options struct {
 	Clock func() time.Time
 	// Notify, if set, is called after new messages become readable.
 	Notify Notifier
+	// DiskHighWatermark, when in (0, 1), makes Put and PutAsync fail with
+	// ErrDiskFull while the file system holding the store is used above
+	// this fraction (1 - available/total, as df counts it). Usage is read
+	// with statfs at Open and every DiskCheckInterval; in between, the
+	// bytes of accepted Puts are added to the last reading, so a burst cannot
+	// run far past the mark. 0 (the default) or 1 turns the check off.
+	DiskHighWatermark float64
+	// DiskCheckInterval is the period of the disk usage check (default 1s).
+	DiskCheckInterval time.Duration
+	// DiskUsage, if set, replaces statfs on the store's directory (for
+	// tests): it returns the bytes available to the store and the total.
+	DiskUsage func() (avail, total uint64, err error)
 	// PebbleOptions, if non-nil, is used as the base Pebble configuration
 	// (the store sets Logger, and MemTableSize, MemTableStopWritesThreshold
 	// and CacheSize where they are zero). Ownership passes to Open.
@@ -124,8 +150,14 @@ func (o *Options) setDefaults() error {
 	if o.FlushMode != FlushSync && o.FlushMode != FlushAsync {
 		return fmt.Errorf("%w: flush mode %d", ErrInvalid, o.FlushMode)
 	}
-	if o.SyncInterval < 0 || o.MaxBatchBytes < 0 || o.MaxRecordBytes < 0 {
+	if o.SyncInterval < 0 || o.MaxBatchBytes < 0 || o.MaxRecordBytes < 0 || o.DiskCheckInterval < 0 {
 		return fmt.Errorf("%w: negative option", ErrInvalid)
+	}
+	if !(o.DiskHighWatermark >= 0 && o.DiskHighWatermark <= 1) { // also NaN
+		return fmt.Errorf("%w: disk high-water mark %v outside [0, 1]", ErrInvalid, o.DiskHighWatermark)
+	}
+	if o.DiskCheckInterval == 0 {
+		o.DiskCheckInterval = time.Second
 	}
 	if o.SyncInterval == 0 {
 		o.SyncInterval = 500 * time.Millisecond
@@ -199,6 +231,7 @@ type Store struct {
 	// physPublished bounds physical offsets readers may resolve.
 	physPublished atomic.Int64
 	failure       atomic.Pointer[failure]
+	disk          diskGuard // disk.go
 	syncs         atomic.Int64
 	rounds        atomic.Int64
 	dirty         atomic.Bool
@@ -257,8 +290,15 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err := s.recover(); err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
+	if err := s.disk.init(dir, &opts); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
 	s.wg.Add(1)
 	go s.runCommitter()
+	if s.disk.on {
+		s.wg.Add(1)
+		go s.runDiskCheck()
+	}
 	if opts.FlushMode == FlushAsync {
 		s.wg.Add(1)
 		go s.runSyncer()
@@ -267,7 +307,8 @@ func Open(dir string, opts Options) (*Store, error) {
 }
 
 // recover checks the format version and rebuilds the in-memory counters.
-func (s *Store) recover() error {
+func (s *Store) recover() (err error) {
+	defer s.recoverFatal(&err, "open")
 	v, closer, err := s.db.Get(keyVersion)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
@@ -462,10 +503,9 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	close(s.quit)
 	s.wg.Wait()
-	err := s.db.LogData(nil, pebble.Sync)
-	if err != nil {
-		err = fmt.Errorf("store: final sync: %w", err)
-	}
+	// After a failure the WAL is not synced again: a failed fsync is never
+	// retried, and Pebble's WAL writer keeps the error anyway.
+	err := s.syncWAL("final sync")
 	if cerr := s.db.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("store: close pebble: %w", cerr))
 	}
@@ -503,14 +543,56 @@ func (s *Store) runSyncer() {
 			if !s.dirty.Swap(false) {
 				continue
 			}
-			if err := s.db.LogData(nil, pebble.Sync); err != nil {
-				s.setFailed(fmt.Errorf("store: background sync: %w", err))
+			if err := s.syncWAL("background sync"); err != nil {
 				return
 			}
 			s.syncs.Add(1)
 		}
 	}
 }
+
+// syncWAL fsyncs Pebble's WAL unless the store failed; a failure makes
+// the store fail.
+func (s *Store) syncWAL(what string) (err error) {
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	defer s.recoverFatal(&err, what)
+	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		return s.fail(what, err)
+	}
+	return nil
+}
+
+// fail makes the store fail because of err, a failed write to Pebble, and
+// returns the sticky failure (wrapping ErrFailed).
+func (s *Store) fail(what string, err error) error {
+	s.setFailed(fmt.Errorf("store: %s: %w", what, err))
+	return s.failedErr()
+}
+
+// recoverFatal, deferred around a write to Pebble, turns Pebble's fatal
+// commit error (see pebbleLogger.Fatalf) into a store failure assigned to
+// *err. Other panics are re-raised.
+//
+// Pebble reports a failed WAL write or fsync of a committed batch through
+// Logger.Fatalf, after its commit pipeline has released the batch (no Pebble
+// lock is held), so unwinding to here is safe; the store then never writes
+// to Pebble again (fail-stop) and Close releases it.
+func (s *Store) recoverFatal(err *error, what string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	pf, ok := r.(pebbleFatal)
+	if !ok {
+		panic(r)
+	}
+	*err = s.fail(what, pf.err)
+}
+
+// pebbleFatal is the panic value of pebbleLogger.Fatalf.
+type pebbleFatal struct{ err error }
 
 // failure is a sticky write failure.
 type failure struct{ err error }
@@ -543,10 +625,13 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 }
 
-// Fatalf must not return (Pebble's contract); Pebble calls it only on
-// unrecoverable internal errors.
+// Fatalf must not return (Pebble's contract). Pebble calls it on a failed
+// commit (WAL write or fsync error, e.g. disk full) and on unrecoverable
+// internal errors. It panics with a pebbleFatal, which the store's write
+// paths recover (recoverFatal) to fail the store instead of the process;
+// on Pebble's own goroutines the panic ends the process (fail-stop).
 func (p pebbleLogger) Fatalf(format string, args ...any) {
-	err := fmt.Errorf("store: pebble fatal: "+format, args...)
+	err := fmt.Errorf("pebble fatal: "+format, args...)
 	p.l.Error(err.Error(), "component", "pebble")
-	panic(err)
+	panic(pebbleFatal{err})
 }

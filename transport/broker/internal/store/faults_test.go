@@ -1,0 +1,254 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+)
+
+// walSyncFault fails the n-th fsync of a WAL file after it is armed, and
+// every WAL fsync after that one (a disk that went bad), counting them.
+type walSyncFault struct {
+	countdown atomic.Int64 // > 0 when armed
+	failed    atomic.Bool
+	after     atomic.Int64 // WAL fsyncs attempted after the failure
+}
+
+func (f *walSyncFault) MaybeError(op errorfs.Op) error {
+	if !strings.HasSuffix(op.Path, ".log") {
+		return nil
+	}
+	switch op.Kind {
+	case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+	default:
+		return nil
+	}
+	if f.failed.Load() {
+		f.after.Add(1)
+		return errorfs.ErrInjected
+	}
+	if f.countdown.Load() > 0 && f.countdown.Add(-1) == 0 {
+		f.failed.Store(true)
+		return errorfs.ErrInjected
+	}
+	return nil
+}
+
+func (f *walSyncFault) String() string { return "walSyncFault" }
+
+// TestFailedWALSyncIsFailStop fails the n-th WAL fsync under concurrent
+// producers (SYNC mode): every Put that was not acknowledged gets
+// ErrFailed, later writes (messages, offsets, meta) are refused at once
+// without another fsync, reads keep working, and after a reopen every
+// acknowledged message is there with its body at its offset.
+//
+// ASYNC mode is not covered: there Pebble's WAL writer reports a failure
+// to later unsynced commits by panicking inside its commit pipeline, which
+// ends the process (fail-stop, but not the store's clean refusal); see
+// FlushAsync.
+func TestFailedWALSyncIsFailStop(t *testing.T) {
+	for _, mode := range []FlushMode{FlushSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			fault := &walSyncFault{}
+			s := openTest(t, dir, Options{
+				FlushMode:     mode,
+				SyncInterval:  5 * time.Millisecond,
+				PebbleOptions: &pebble.Options{FS: errorfs.Wrap(vfs.Default, fault)},
+			})
+			mustPut(t, s, msg("T", 0, "before"))
+			fault.countdown.Store(7)
+
+			type acked struct {
+				queue int32
+				off   int64
+				body  string
+			}
+			var mu sync.Mutex
+			var ack []acked
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for w := range 4 {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						body := fmt.Sprintf("w%d-%d", w, i)
+						res, err := s.Put(context.Background(), []PutMessage{msg("T", int32(w), body)})
+						if err != nil {
+							errs <- err
+							return
+						}
+						mu.Lock()
+						ack = append(ack, acked{int32(w), res[0].QueueOffset, body})
+						mu.Unlock()
+						if i > 100000 {
+							errs <- errors.New("no failure after 100000 puts")
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if !errors.Is(err, ErrFailed) {
+					t.Fatalf("producer error %v, want ErrFailed", err)
+				}
+				if !strings.Contains(err.Error(), "injected") {
+					t.Errorf("error %q does not name the cause", err)
+				}
+			}
+			if !fault.failed.Load() {
+				t.Fatal("the fault never fired")
+			}
+			t.Logf("%d puts acknowledged before the failure", len(ack))
+
+			// Fail-stop: refused at once, never an fsync again.
+			start := time.Now()
+			if _, err := s.Put(context.Background(), []PutMessage{msg("T", 0, "late")}); !errors.Is(err, ErrFailed) {
+				t.Fatalf("Put after failure: %v", err)
+			}
+			if err := s.CommitOffset("G", "T", 0, 1); !errors.Is(err, ErrFailed) {
+				t.Fatalf("CommitOffset after failure: %v", err)
+			}
+			if err := s.PutMeta([]byte("k"), []byte("v")); !errors.Is(err, ErrFailed) {
+				t.Fatalf("PutMeta after failure: %v", err)
+			}
+			if err := s.TruncateBefore("T", 0, 1); !errors.Is(err, ErrFailed) {
+				t.Fatalf("TruncateBefore after failure: %v", err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Fatalf("refusals took %v", d)
+			}
+			if err := s.Failed(); !errors.Is(err, ErrFailed) {
+				t.Fatalf("Failed() = %v", err)
+			}
+			if n := fault.after.Load(); n != 0 {
+				t.Fatalf("%d WAL fsyncs after the failure", n)
+			}
+			if got := getAll(t, s, "T", 0, 0); len(got) == 0 || string(recordBody(got[0])) != "before" {
+				t.Fatalf("reads after failure: %d records", len(got))
+			}
+			if err := s.Close(); err != nil {
+				t.Logf("Close after failure: %v", err)
+			}
+
+			s = openTest(t, dir, Options{})
+			defer s.Close()
+			bodies := map[int32][][]byte{}
+			for q := range int32(4) {
+				bodies[q] = getAll(t, s, "T", q, 0)
+			}
+			for _, a := range ack {
+				recs := bodies[a.queue]
+				if a.off >= int64(len(recs)) {
+					t.Fatalf("acknowledged %s at %d/%d lost: queue has %d", a.body, a.queue, a.off, len(recs))
+				}
+				if got := recordBody(recs[a.off]); !bytes.Equal(got, []byte(a.body)) {
+					t.Fatalf("acknowledged %s at %d/%d reads back %q", a.body, a.queue, a.off, got)
+				}
+			}
+			mustPut(t, s, msg("T", 0, "after restart"))
+		})
+	}
+}
+
+// TestDiskHighWatermark drives the watermark with a fake usage reading:
+// Puts are refused with ErrDiskFull above it (also when a burst would
+// cross it between two readings) and accepted again once usage falls.
+func TestDiskHighWatermark(t *testing.T) {
+	var avail atomic.Uint64
+	const total = 100 << 20
+	avail.Store(50 << 20)
+	s := openTest(t, t.TempDir(), Options{
+		DiskHighWatermark: 0.9,
+		DiskCheckInterval: 10 * time.Millisecond,
+		DiskUsage:         func() (uint64, uint64, error) { return avail.Load(), total, nil },
+	})
+	defer s.Close()
+	mustPut(t, s, msg("T", 0, "a"))
+
+	avail.Store(5 << 20) // 95% used
+	checkFor(t, 2*time.Second, func() error {
+		_, err := s.Put(context.Background(), []PutMessage{msg("T", 0, "b")})
+		if !errors.Is(err, ErrDiskFull) {
+			return fmt.Errorf("Put: %v", err)
+		}
+		if !strings.Contains(err.Error(), "90.0%") {
+			t.Fatalf("error %q does not name the mark", err)
+		}
+		return nil
+	})
+	if !s.DiskFull() || s.DiskRefused() == 0 {
+		t.Fatalf("DiskFull %v, refused %d", s.DiskFull(), s.DiskRefused())
+	}
+	if err := s.PutAsync(context.Background(), []PutMessage{msg("T", 0, "c")}, make([]PutResult, 1), func(error) {
+		t.Error("done called for a refused PutAsync")
+	}); !errors.Is(err, ErrDiskFull) {
+		t.Fatalf("PutAsync: %v", err)
+	}
+	// Offsets are still written (consumers progress on a full disk).
+	if err := s.CommitOffset("G", "T", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	avail.Store(50 << 20)
+	checkFor(t, 2*time.Second, func() error {
+		_, err := s.Put(context.Background(), []PutMessage{msg("T", 0, "d")})
+		return err
+	})
+
+	// A burst between two readings: 40 MiB headroom, 4 MiB records.
+	avail.Store(50 << 20)
+	s2 := openTest(t, t.TempDir(), Options{
+		DiskHighWatermark: 0.9,
+		DiskCheckInterval: time.Hour,
+		MaxRecordBytes:    8 << 20,
+		DiskUsage:         func() (uint64, uint64, error) { return avail.Load(), total, nil },
+	})
+	defer s2.Close()
+	big := msg("T", 0, strings.Repeat("x", 4<<20))
+	n := 0
+	for ; n < 20; n++ {
+		rec := bytes.Clone(big.Record)
+		_, err := s2.Put(context.Background(), []PutMessage{{Topic: "T", Record: rec, StoreTimestampPos: big.StoreTimestampPos}})
+		if errors.Is(err, ErrDiskFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n != 9 { // 40 MiB of headroom holds 9 records of 4 MiB + overhead
+		t.Fatalf("burst: %d puts accepted before the refusal, want 9", n)
+	}
+}
+
+func TestDiskHighWatermarkOptions(t *testing.T) {
+	for _, m := range []float64{-0.1, 1.5} {
+		if _, err := Open(t.TempDir(), Options{DiskHighWatermark: m}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("mark %v: %v", m, err)
+		}
+	}
+	_, err := Open(t.TempDir(), Options{DiskHighWatermark: 0.5,
+		DiskUsage: func() (uint64, uint64, error) { return 0, 0, errors.New("boom") }})
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("Open with failing disk usage: %v", err)
+	}
+	// The real statfs works on the test's directory.
+	s := openTest(t, t.TempDir(), Options{DiskHighWatermark: 0.9999})
+	defer s.Close()
+	if s.DiskFull() {
+		t.Skip("the test file system is more than 99.99% full")
+	}
+	mustPut(t, s, msg("T", 0, "x"))
+}
