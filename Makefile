@@ -8,10 +8,13 @@ MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -n
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
-.PHONY: run test test-short test-noinv lint fuzz bench tidy-check generate-check build
+.PHONY: run test test-short test-noinv test-failpoints lint fuzz bench tidy-check generate-check build
 
-## run: the word-count demo end to end on an embedded name server + broker it
-## starts itself (sample data with a progress bar, checkpoints, top words); exits 0
+## run: the exactly-once ETL demo (examples/etl) end to end on an embedded name
+## server + broker it starts itself: sample orders with a progress bar, the job as
+## a child process SIGKILLed once mid-way and restarted, then the output and DLQ
+## read back and checked; exits 0 only if every order arrived exactly once
+## (`runnel demo wordcount` is the word-count demo)
 run:
 	$(GO) run ./cmd/runnel demo
 
@@ -28,6 +31,11 @@ test:
 	@for m in $(filter-out .,$(MODULES)); do \
 		echo "== test $$m"; (cd $$m && $(GO) test -race -timeout 15m ./...) || exit 1; \
 	done
+
+## test-failpoints: the exactly-once ETL failpoint matrix (build tag failpoints):
+## SIGKILL at each protocol boundary, 20 runs each (FAILPOINT_FLAGS=-short: 3)
+test-failpoints:
+	$(GO) test -race -tags $(TAGS),failpoints -timeout 30m -run 'TestE2EETLFailpoints' $(FAILPOINT_FLAGS) -v ./internal/e2e/
 
 ## test-short: quick run without -race, skipping long tests
 test-short:

@@ -1,73 +1,100 @@
 package main
 
 import (
-	"cmp"
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"slices"
+	"os/exec"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/runnel-dev/runnel/examples/etl/etl"
 	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
-	"github.com/runnel-dev/runnel/pipeline"
-	"github.com/runnel-dev/runnel/runtime"
-	"github.com/runnel-dev/runnel/sink"
-	"github.com/runnel-dev/runnel/source/rocketmq"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
-type demoFlags struct {
-	lines    int
-	queues   int
-	interval time.Duration
-	top      int
-	seed     uint64
+type etlDemoFlags struct {
+	orders       int
+	customers    int
+	invalidEvery int
+	interval     time.Duration
+	killAt       float64
+	seed         uint64
+	timeout      time.Duration
 }
 
-// newDemoCmd is `runnel demo`: the word-count job end to end on an embedded
-// name server and broker (what `make run` runs).
+// newDemoCmd is `runnel demo` (what `make run` runs): the exactly-once ETL
+// job of examples/etl end to end on an embedded name server and broker,
+// killed with SIGKILL once mid-way and restarted. `runnel demo wordcount`
+// is the word-count demo.
 func newDemoCmd() *cobra.Command {
-	f := demoFlags{}
+	f := etlDemoFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the word-count demo job end to end on an embedded broker",
+		Short: "Run the exactly-once ETL demo end to end on an embedded broker (SIGKILL and restart included)",
 		Long: `Starts an embedded RocketMQ name server and broker on free loopback ports with a
-temporary data directory, produces sample text (with a progress bar), runs the
-word-count job over it (RocketMQ source bounded at the offsets the topic had
-when the job started, keyed counts in checkpointed state), prints every
-completed checkpoint and the top words, removes the data and exits.`,
+temporary data directory, produces sample orders (some invalid) with a progress
+bar, and runs the ETL job of examples/etl (decode + validate, invalid orders to
+the dead-letter topic, per-customer counts in keyed state, EUR amounts, exactly
+once into orders-enriched) as a child process. Mid-way the job is killed with
+SIGKILL and started again; it resumes from its last checkpoint. Finally the
+output and dead-letter topics are read back and checked: every valid order
+exactly once with the right per-customer count, every invalid one in the DLQ.
+Exits 0 only when that holds.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), f, cmd.OutOrStdout())
+			return runETLDemo(cmd.Context(), f, cmd.OutOrStdout())
 		},
 	}
 	fl := cmd.Flags()
-	fl.IntVar(&f.lines, "lines", 50_000, "lines of sample text to produce")
-	fl.IntVar(&f.queues, "queues", 4, "queues of the input topic (one source split each)")
-	fl.DurationVar(&f.interval, "interval", 100*time.Millisecond, "checkpoint interval")
-	fl.IntVar(&f.top, "top", 10, "number of top words to print")
-	fl.Uint64Var(&f.seed, "seed", 1, "seed of the sample text")
+	fl.IntVar(&f.orders, "orders", 20_000, "sample orders to produce")
+	fl.IntVar(&f.customers, "customers", 200, "distinct customers of the sample orders")
+	fl.IntVar(&f.invalidEvery, "invalid-every", 25, "about one order in this many is invalid (0: none)")
+	fl.DurationVar(&f.interval, "interval", 200*time.Millisecond, "checkpoint interval of the job")
+	fl.Float64Var(&f.killAt, "kill-at", 0.4, "SIGKILL the job once this share of the output is committed")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the sample orders")
+	fl.DurationVar(&f.timeout, "timeout", 3*time.Minute, "give up when the job has not finished by then")
+	cmd.AddCommand(newDemoWordcountCmd(), newDemoETLJobCmd())
 	return cmd
 }
 
-func runDemo(ctx context.Context, f demoFlags, out io.Writer) (err error) {
-	if f.lines < 1 || f.queues < 1 || f.interval <= 0 || f.top < 0 {
-		return errors.New("demo: --lines and --queues must be at least 1, --interval positive, --top not negative")
+// newDemoETLJobCmd is the demo's job process: examples/etl's command line.
+func newDemoETLJobCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "etl-job",
+		Short:              "The ETL job process of `runnel demo` (examples/etl's flags)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return etl.Main(cmd.Context(), "runnel demo etl-job", args, cmd.ErrOrStderr())
+		},
+	}
+}
+
+func runETLDemo(ctx context.Context, f etlDemoFlags, out io.Writer) (err error) {
+	if f.orders < 1 || f.customers < 1 || f.invalidEvery < 0 || f.interval <= 0 || f.killAt <= 0 || f.killAt >= 1 {
+		return errors.New("demo: --orders and --customers must be at least 1, --interval positive, --kill-at in (0, 1)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	exe, err := os.Executable()
+	if err != nil {
+		return err
 	}
 	dir, err := os.MkdirTemp("", "runnel-demo-")
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
-	cl, err := wordcount.StartCluster(ctx, dir, nil)
+	cl, err := wordcount.StartCluster(ctx, filepath.Join(dir, "cluster"), nil)
 	if err != nil {
 		return err
 	}
@@ -78,148 +105,169 @@ func runDemo(ctx context.Context, f demoFlags, out io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-
-	const topic = "demo-lines"
-	if err := wordcount.CreateTopic(ctx, c, cl.BrokerAddr(), topic, f.queues); err != nil {
-		return err
-	}
-	lines := wordcount.SampleLines(f.lines, f.seed)
-	fmt.Fprintf(out, "producing %d lines of sample text to topic %s (%d queues)\n", f.lines, topic, f.queues)
-	if err := produceWithBar(ctx, c, topic, lines, out); err != nil {
+	if err := etl.EnsureTopics(ctx, c, cl.BrokerAddr(), 4, etl.DefaultIn, etl.DefaultOut, etl.DefaultDLQ); err != nil {
 		return err
 	}
 
-	src, err := rocketmq.New(c, topic, rocketmq.WithStop(rocketmq.StopAtLatest()))
-	if err != nil {
+	samples := etl.SampleOrders(f.orders, f.customers, f.invalidEvery, f.seed)
+	var valid, invalid int64
+	for i := range samples {
+		if samples[i].Valid {
+			valid++
+		} else {
+			invalid++
+		}
+	}
+	fmt.Fprintf(out, "producing %d orders (%d invalid) of %d customers to topic %s\n", f.orders, invalid, f.customers, etl.DefaultIn)
+	if err := produceOrders(ctx, c, samples, out); err != nil {
 		return err
 	}
-	var (
-		mu     sync.Mutex
-		counts []wordcount.WordCount
-	)
-	collect := sink.NewFunc(func(_ context.Context, wc wordcount.WordCount) error {
-		mu.Lock()
-		counts = append(counts, wc)
-		mu.Unlock()
-		return nil
-	}, nil)
-	w := &checkpointWatcher{out: out, addr: make(chan string, 1), printed: make(map[uint64]bool)}
-	job := pipeline.New("wordcount-demo", pipeline.CheckpointDir(dir+"/job"), pipeline.CheckpointInterval(f.interval),
-		pipeline.StatusAddress("127.0.0.1:0", w.listening))
-	wordcount.Build(job, src, collect)
-	fmt.Fprintf(out, "running the word-count job (checkpoint every %v)\n", f.interval)
+
+	args := []string{"demo", "etl-job", "-namesrv", cl.NameServer(), "-state", filepath.Join(dir, "job"),
+		"-checkpoint-interval", f.interval.String()}
+	fmt.Fprintf(out, "running the ETL job as a child process (checkpoint every %v): %s -> %s, invalid -> %s\n",
+		f.interval, etl.DefaultIn, etl.DefaultOut, etl.DefaultDLQ)
 	start := time.Now()
-	wctx, stopWatch := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); w.run(wctx) }()
-	err = job.Run(ctx)
-	stopWatch()
-	wg.Wait()
+	job, err := startDemoJob(exe, args)
 	if err != nil {
 		return err
+	}
+	killAt := int64(float64(valid) * f.killAt)
+	n, err := waitOutputs(ctx, c, job, func(o, _ int64) bool { return o >= killAt }, nil)
+	if err != nil {
+		return err
+	}
+	_ = job.cmd.Process.Signal(syscall.SIGKILL)
+	<-job.done
+	fmt.Fprintf(out, "killed the job with SIGKILL after %d of %d outputs were committed; restarting it\n", n, valid)
+	if job, err = startDemoJob(exe, args); err != nil {
+		return err
+	}
+	bar := progressbar.NewOptions64(valid, progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("committed"),
+		progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { fmt.Fprintln(out) }))
+	_, err = waitOutputs(ctx, c, job, func(o, d int64) bool { return o >= valid && d >= invalid }, func(o int64) { _ = bar.Set64(min(o, valid)) })
+	if ferr := bar.Finish(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return err
+	}
+	_ = job.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-job.done; err != nil {
+		return fmt.Errorf("demo: the job did not stop cleanly on SIGTERM: %w\n%s", err, job.out.String())
 	}
 	took := time.Since(start)
-	w.print(job.Status().Checkpoints) // Run returned: the final checkpoint is in
+	fmt.Fprintf(out, "job stopped on SIGTERM after a final checkpoint (%v, %.0f orders/s including the restart)\n",
+		took.Round(time.Millisecond), float64(f.orders)/took.Seconds())
 
-	mu.Lock()
-	defer mu.Unlock()
-	var words int64
-	for _, wc := range counts {
-		words += wc.Count
+	outMsgs, err := etl.ReadAll(ctx, c, etl.DefaultOut)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "job finished in %v: %d lines, %d words, %d distinct (%.0f lines/s)\n",
-		took.Round(time.Millisecond), f.lines, words, len(counts), float64(f.lines)/took.Seconds())
-	slices.SortFunc(counts, func(a, b wordcount.WordCount) int {
-		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Word, b.Word))
-	})
-	fmt.Fprintf(out, "top %d words:\n", min(f.top, len(counts)))
-	for _, wc := range counts[:min(f.top, len(counts))] {
-		fmt.Fprintf(out, "  %-14s %d\n", wc.Word, wc.Count)
+	dlqMsgs, err := etl.ReadAll(ctx, c, etl.DefaultDLQ)
+	if err != nil {
+		return err
 	}
+	r := etl.Verify(samples, outMsgs, dlqMsgs)
+	fmt.Fprintf(out, "read back %d output and %d dead-letter messages\n", len(outMsgs), len(dlqMsgs))
+	fmt.Fprintf(out, "  valid orders:   %d, each exactly once: missing %d, duplicated %d\n", r.Valid, r.Missing, r.Duplicated)
+	fmt.Fprintf(out, "  per customer:   counts in order %d/%d, wrong values %d, unexpected %d\n", r.Output-r.OutOfOrder, r.Output, r.WrongValue, r.Unexpected)
+	fmt.Fprintf(out, "  invalid orders: %d, in the DLQ exactly once: missing %d, duplicated %d, unexpected %d\n", r.Invalid, r.DLQMissing, r.DLQDuplicated, r.DLQUnexpected)
+	if !r.OK() {
+		for _, ex := range r.Examples {
+			fmt.Fprintln(out, "  -", ex)
+		}
+		return fmt.Errorf("demo: exactly-once violated: %s", r)
+	}
+	fmt.Fprintln(out, "exactly-once: OK (a SIGKILL mid-way lost and duplicated nothing)")
 	fmt.Fprintln(out, "runnel demo: done")
 	return nil
 }
 
-// produceWithBar produces lines with a progress bar on out.
-func produceWithBar(ctx context.Context, c *client.Client, topic string, lines []string, out io.Writer) error {
-	p, err := client.NewProducer(c, "demo_producer")
+// produceOrders produces the samples with a progress bar on out.
+func produceOrders(ctx context.Context, c *client.Client, samples []etl.Sample, out io.Writer) error {
+	p, err := client.NewProducer(c, "demo_orders")
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	bar := progressbar.NewOptions(len(lines), progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("producing"),
-		progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("lines"),
+	bar := progressbar.NewOptions(len(samples), progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("producing"),
+		progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("orders"),
 		progressbar.OptionSetWidth(30), progressbar.OptionThrottle(50*time.Millisecond),
 		progressbar.OptionOnCompletion(func() { fmt.Fprintln(out) }))
-	err = wordcount.Produce(ctx, c, p, topic, lines, func(n int) { _ = bar.Set(n) })
+	err = etl.Produce(ctx, c, p, etl.DefaultIn, samples, func(n int) { _ = bar.Set(n) })
 	if ferr := bar.Finish(); err == nil {
 		err = ferr
 	}
 	return err
 }
 
-// checkpointWatcher prints completed checkpoints, read from the job's status
-// endpoint while the job runs (the documented way to watch a running job).
-type checkpointWatcher struct {
-	out     io.Writer
-	addr    chan string // the status endpoint's address, once listening
-	mu      sync.Mutex
-	printed map[uint64]bool
+// demoJob is a running child job process.
+type demoJob struct {
+	cmd  *exec.Cmd
+	out  *jobOutput
+	done chan error
 }
 
-func (w *checkpointWatcher) listening(addr string) {
-	select {
-	case w.addr <- addr:
-	default:
-	}
+type jobOutput struct {
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-func (w *checkpointWatcher) run(ctx context.Context) {
-	var addr string
-	select {
-	case addr = <-w.addr:
-	case <-ctx.Done():
-		return
+func (l *jobOutput) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *jobOutput) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startDemoJob(exe string, args []string) (*demoJob, error) {
+	j := &demoJob{cmd: exec.Command(exe, args...), out: &jobOutput{}, done: make(chan error, 1)}
+	j.cmd.Stdout, j.cmd.Stderr = j.out, j.out
+	if err := j.cmd.Start(); err != nil {
+		return nil, err
 	}
-	hc := &http.Client{Timeout: time.Second}
+	go func() { j.done <- j.cmd.Wait() }()
+	return j, nil
+}
+
+// waitOutputs polls the committed output and dead-letter counts until cond
+// holds, the job exits (an error) or ctx ends (the job is killed).
+func waitOutputs(ctx context.Context, c *client.Client, j *demoJob, cond func(out, dlq int64) bool, progress func(int64)) (int64, error) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var lastErr error // of the latest count; reported if ctx ends
 	for {
 		select {
+		case err := <-j.done:
+			return 0, fmt.Errorf("demo: the job exited early: %v\n%s", err, j.out.String())
 		case <-ctx.Done():
-			return
+			_ = j.cmd.Process.Kill()
+			<-j.done
+			return 0, fmt.Errorf("demo: %w (last count error: %v)\n%s", ctx.Err(), lastErr, j.out.String())
 		case <-t.C:
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+		o, err := etl.Count(ctx, c, etl.DefaultOut)
 		if err != nil {
-			return
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			continue // the job is ending; the final status is printed after Run
-		}
-		var st runtime.Status
-		err = json.NewDecoder(resp.Body).Decode(&st)
-		_ = resp.Body.Close()
-		if err == nil {
-			w.print(st.Checkpoints)
-		}
-	}
-}
-
-// print prints the checkpoints (newest first, as Status lists them) not
-// printed yet, oldest first.
-func (w *checkpointWatcher) print(cps []runtime.CheckpointStatus) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := len(cps) - 1; i >= 0; i-- {
-		cp := cps[i]
-		if w.printed[cp.ID] {
+			lastErr = err // counted again at the next tick
 			continue
 		}
-		w.printed[cp.ID] = true
-		fmt.Fprintf(w.out, "checkpoint %d %s in %v (%d bytes, %d state changes)\n",
-			cp.ID, cp.Result, cp.Duration.Round(10*time.Microsecond), cp.Bytes, cp.StateChanges)
+		d, err := etl.Count(ctx, c, etl.DefaultDLQ)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if progress != nil {
+			progress(o)
+		}
+		if cond(o, d) {
+			return o, nil
+		}
 	}
 }

@@ -1,0 +1,107 @@
+package etl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
+	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// Flags is the parsed command line.
+type Flags struct {
+	NameServer string
+	Cluster    string
+	Queues     int
+	Config     Config
+	Verbose    bool
+}
+
+// ParseFlags parses the ETL worker's flags (shared with `runnel demo`'s
+// job process).
+func ParseFlags(name string, args []string, stderr io.Writer) (*Flags, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := &Flags{}
+	fs.StringVar(&f.NameServer, "namesrv", "", "name server HOST:PORT (default: start an embedded name server and broker)")
+	fs.StringVar(&f.Cluster, "cluster", "DefaultCluster", "cluster (or broker address) to create missing topics on, with -namesrv")
+	fs.IntVar(&f.Queues, "queues", 4, "queues of topics this worker creates")
+	fs.StringVar(&f.Config.In, "in", DefaultIn, "input topic")
+	fs.StringVar(&f.Config.Out, "out", DefaultOut, "output topic")
+	fs.StringVar(&f.Config.DLQ, "dlq", DefaultDLQ, "dead-letter topic")
+	fs.StringVar(&f.Config.Group, "group", DefaultGroup, "job name: consumer group and producer groups")
+	fs.StringVar(&f.Config.StateDir, "state", "", "checkpoint directory (default: ./etl-state)")
+	fs.DurationVar(&f.Config.CheckpointInterval, "checkpoint-interval", DefaultInterval, "checkpoint interval")
+	fs.BoolVar(&f.Verbose, "v", false, "log at debug level to stderr")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.Config.StateDir == "" {
+		f.Config.StateDir = "etl-state"
+	}
+	return f, nil
+}
+
+// Main is the ETL worker's command line (examples/etl and `runnel demo`'s
+// job process): it parses args, starts an embedded broker without
+// -namesrv, creates missing topics and runs the job until ctx ends.
+func Main(ctx context.Context, name string, args []string, stderr io.Writer) (err error) {
+	f, err := ParseFlags(name, args, stderr)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if f.Verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	f.Config.Logger = log
+	addr, target := f.NameServer, f.Cluster
+	if addr == "" {
+		cl, err := wordcount.StartCluster(ctx, filepath.Join(f.Config.StateDir, "cluster"), nil)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, cl.Close()) }()
+		addr, target = cl.NameServer(), cl.BrokerAddr()
+		log.Info("embedded name server and broker", "namesrv", addr, "broker", target)
+	}
+	c, err := wordcount.NewClient(addr)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, c.Close()) }()
+	if err := EnsureTopics(ctx, c, target, f.Queues, f.Config.In, f.Config.Out, f.Config.DLQ); err != nil {
+		return err
+	}
+	log.Info("etl running", "in", f.Config.In, "out", f.Config.Out, "dlq", f.Config.DLQ, "group", f.Config.Group,
+		"state", f.Config.StateDir, "checkpointInterval", f.Config.CheckpointInterval)
+	return Run(ctx, c, f.Config)
+}
+
+// EnsureTopics creates the topics the name server does not know, with
+// queues queues, on target.
+func EnsureTopics(ctx context.Context, c *client.Client, target string, queues int, topics ...string) error {
+	for _, t := range topics {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.RefreshRoute(rctx, t)
+		cancel()
+		switch {
+		case err == nil:
+			continue
+		case !errors.Is(err, protocol.ErrTopicNotExist):
+			return fmt.Errorf("etl: route of %s: %w", t, err)
+		}
+		if err := wordcount.CreateTopic(ctx, c, target, t, queues); err != nil {
+			return err
+		}
+	}
+	return nil
+}

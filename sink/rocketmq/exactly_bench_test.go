@@ -1,0 +1,65 @@
+package rocketmq
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// BenchmarkExactlyOnce measures the sink alone on an embedded broker: per
+// op, one record written as a half message; every 5000 records an epoch is
+// pre-committed and committed (the commit overlapping the next epoch's
+// writes, as in a job). %precommit is the share of the time spent in
+// PreCommit (draining sends, waiting for the previous commit).
+func BenchmarkExactlyOnce(b *testing.B) {
+	cl := newCluster(b)
+	cl.createTopic("eo_bench", 4)
+	s, err := NewExactlyOnce(cl.c, TxGroup("bench", "out"), keyedMapper("eo_bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Recover(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	var pre time.Duration
+	cp := uint64(0)
+	for i := range b.N {
+		if err := s.Write(ctx, keyed{Key: keys[i%len(keys)], Seq: i}); err != nil {
+			b.Fatal(err)
+		}
+		if (i+1)%5000 == 0 || i == b.N-1 {
+			cp++
+			t0 := time.Now()
+			txn, err := s.PreCommit(ctx, cp)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pre += time.Since(t0)
+			if err := s.Commit(ctx, txn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	t0 := time.Now()
+	if err := s.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	last := time.Since(t0)
+	b.StopTimer()
+	el := time.Since(start)
+	b.ReportMetric(float64(b.N)/el.Seconds(), "records/s")
+	b.ReportMetric(pre.Seconds()/el.Seconds()*100, "%precommit")
+	b.ReportMetric(last.Seconds(), "lastcommit-s")
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
