@@ -271,13 +271,18 @@ func (b *Broker) start(ctx context.Context) error {
 	if b.cfg.flushMode == FlushAsync {
 		mode = store.FlushAsync
 	}
-	st, err := store.Open(b.cfg.dataDir, store.Options{
-		FlushMode:      mode,
-		Logger:         b.log,
-		Clock:          b.cfg.clock,
-		Notify:         b.lp.notify,
-		MaxRecordBytes: b.cfg.maxMessageSize + protocol.MaxPropertiesLength + 2*protocol.MaxTopicLength + 1024,
-	})
+	sopts := store.Options{
+		FlushMode:         mode,
+		Logger:            b.log,
+		Clock:             b.cfg.clock,
+		Notify:            b.lp.notify,
+		MaxRecordBytes:    b.cfg.maxMessageSize + protocol.MaxPropertiesLength + 2*protocol.MaxTopicLength + 1024,
+		DiskHighWatermark: b.cfg.diskHighWater,
+	}
+	if b.cfg.storeHook != nil {
+		b.cfg.storeHook(&sopts)
+	}
+	st, err := store.Open(b.cfg.dataDir, sopts)
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
@@ -509,4 +514,25 @@ func (b *Broker) storeInternal(ctx context.Context, m *InboundMessage) (StoredRe
 		return StoredResult{}, fmt.Errorf("broker: store %s: %w", m.Topic, ErrClosed)
 	}
 	return b.storeOne(ctx, m)
+}
+
+// StoreHealth is a snapshot of the message store's write health.
+type StoreHealth struct {
+	// DiskFull is true while sends are refused for disk usage above the
+	// high-water mark (WithDiskHighWatermark).
+	DiskFull bool
+	// DiskRefused counts the store writes refused for disk usage.
+	DiskRefused int64
+	// Failed is the store's sticky write failure (a failed WAL write or
+	// fsync), nil while healthy; sends are refused until a restart.
+	Failed error
+}
+
+// StoreHealth reports the store's write health (zero before Start). Safe
+// for concurrent use.
+func (b *Broker) StoreHealth() StoreHealth {
+	if b.state.Load() == stateNew || b.store == nil {
+		return StoreHealth{}
+	}
+	return StoreHealth{DiskFull: b.store.DiskFull(), DiskRefused: b.store.DiskRefused(), Failed: b.store.Failed()}
 }

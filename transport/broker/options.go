@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/acl"
+	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
@@ -46,6 +47,14 @@ const (
 	// DefaultTransactionTimeout is the age a half message must reach
 	// before it is checked back (Java transactionTimeOut).
 	DefaultTransactionTimeout = 6 * time.Second
+	// DefaultDiskHighWatermark is the disk usage fraction above which sends
+	// are refused (Java's diskSpaceWarningLevelRatio).
+	DefaultDiskHighWatermark = 0.90
+	// DefaultMaxBatchMessages bounds the messages of one SEND_BATCH_MESSAGE.
+	DefaultMaxBatchMessages = 4096
+	// DefaultMaxBatchBytes bounds the body of one SEND_BATCH_MESSAGE (Java
+	// applies maxMessageSize, 4 MiB, to the whole batch body).
+	DefaultMaxBatchBytes = 4 << 20
 	// DefaultTransactionCheckMax is the number of check-backs after which
 	// a half message is discarded to TRANS_CHECK_MAX_TIME_TOPIC (Java
 	// transactionCheckMax).
@@ -100,6 +109,11 @@ type config struct {
 	nsTLS            *tls.Config      // dials name servers over TLS when set
 	sub              subsystemConfig
 	tx               txConfig
+	diskHighWater    float64
+	maxBatchMsgs     int
+	maxBatchBytes    int
+	// storeHook, set by tests only, adjusts the store's options.
+	storeHook func(*store.Options)
 }
 
 // txConfig holds the transaction check-back knobs (transaction.go).
@@ -125,6 +139,9 @@ func defaultConfig() config {
 		pullMaxMsgs:      DefaultPullMaxMsgs,
 		pullMaxBytes:     DefaultPullMaxBytes,
 		registerInterval: DefaultRegisterInterval,
+		diskHighWater:    DefaultDiskHighWatermark,
+		maxBatchMsgs:     DefaultMaxBatchMessages,
+		maxBatchBytes:    DefaultMaxBatchBytes,
 		sub:              defaultSubsystemConfig(),
 		tx: txConfig{
 			checkInterval: DefaultTransactionCheckInterval,
@@ -162,6 +179,12 @@ func (c *config) validate() error {
 		return bad("pull max messages %d", c.pullMaxMsgs)
 	case c.pullMaxBytes < 1 || c.pullMaxBytes > 128<<20:
 		return bad("pull max bytes %d", c.pullMaxBytes)
+	case !(c.diskHighWater > 0 && c.diskHighWater <= 1): // also NaN
+		return bad("disk high-water mark %v outside (0, 1]", c.diskHighWater)
+	case c.maxBatchMsgs < 1 || c.maxBatchMsgs > maxBatchItems:
+		return bad("max batch messages %d outside [1, %d]", c.maxBatchMsgs, maxBatchItems)
+	case c.maxBatchBytes < 1 || c.maxBatchBytes > 64<<20:
+		return bad("max batch bytes %d outside [1, 64 MiB]", c.maxBatchBytes)
 	case c.registerInterval < 100*time.Millisecond:
 		return bad("register interval %v below 100ms", c.registerInterval)
 	case c.clock == nil:
@@ -282,6 +305,28 @@ func WithClock(now func() time.Time) Option { return optionFunc(func(c *config) 
 // WithMaxMessageSize bounds a message body in bytes (default 4 MiB); larger
 // sends get MESSAGE_ILLEGAL.
 func WithMaxMessageSize(n int) Option { return optionFunc(func(c *config) { c.maxMessageSize = n }) }
+
+// WithDiskHighWatermark sets the fraction of the data dir's file system
+// (used / total, as df counts it) above which sends are refused with
+// SERVICE_NOT_AVAILABLE and a remark starting "[DISK_FULL]"; they are
+// accepted again by themselves once usage falls below it. Usage is read
+// every second (statfs), and the bytes accepted in between are added to
+// the last reading. Default DefaultDiskHighWatermark (0.90); 1 turns the
+// check off; New fails outside (0, 1]. Consumer offsets and pulls are not
+// affected.
+func WithDiskHighWatermark(fraction float64) Option {
+	return optionFunc(func(c *config) { c.diskHighWater = fraction })
+}
+
+// WithMaxBatch bounds one SEND_BATCH_MESSAGE: at most maxMsgs messages
+// (default 4096, at most 65536) and a body of at most maxBytes (default
+// 4 MiB, at most 64 MiB; each message's body is also bounded by
+// WithMaxMessageSize). A larger batch is refused whole with
+// MESSAGE_ILLEGAL, nothing stored. The remoting frame limit
+// (remoting.WithMaxFrameSize) bounds the body too.
+func WithMaxBatch(maxMsgs, maxBytes int) Option {
+	return optionFunc(func(c *config) { c.maxBatchMsgs, c.maxBatchBytes = maxMsgs, maxBytes })
+}
 
 // WithLongPolling sets the cap on how long a pull is parked (default 25 s,
 // must stay below the clients' 30 s timeout; 0 disables parking) and the

@@ -69,7 +69,11 @@ func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*pro
 	}
 	b.stats.sent(len(req.Body)) // stats.go
 	batch := h.Batch.Or(false)
-	if len(req.Body) > b.cfg.maxMessageSize {
+	if batch && len(req.Body) > b.cfg.maxBatchBytes {
+		return respond(req, protocol.ResMessageIllegal, "batch body size "+strconv.Itoa(len(req.Body))+
+			" exceeds the maximum batch size "+strconv.Itoa(b.cfg.maxBatchBytes)+" bytes"), nil
+	}
+	if !batch && len(req.Body) > b.cfg.maxMessageSize {
 		return respond(req, protocol.ResMessageIllegal, "message body size "+strconv.Itoa(len(req.Body))+
 			" exceeds the maximum "+strconv.Itoa(b.cfg.maxMessageSize)), nil
 	}
@@ -166,6 +170,14 @@ func (b *Broker) decodeBatch(topic string, body []byte) ([]batchItem, error) {
 	}
 	items := make([]batchItem, 0, 8)
 	err := protocol.DecodeBatch(body, maxBatchItems, func(flag int32, body []byte, props string) error {
+		if len(items) == b.cfg.maxBatchMsgs {
+			return illegal("batch holds more than " + strconv.Itoa(b.cfg.maxBatchMsgs) +
+				" messages, the broker's maximum batch size")
+		}
+		if len(body) > b.cfg.maxMessageSize {
+			return illegal("batch message body size " + strconv.Itoa(len(body)) +
+				" exceeds the maximum " + strconv.Itoa(b.cfg.maxMessageSize))
+		}
 		if len(props) > protocol.MaxPropertiesLength {
 			return illegal("batch item properties longer than 32767")
 		}

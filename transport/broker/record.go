@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 
 	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -134,7 +135,21 @@ func storeError(err error) error {
 	switch {
 	case errors.Is(err, store.ErrInvalid):
 		return &protocol.Error{Code: protocol.ResMessageIllegal, Remark: err.Error()}
-	case errors.Is(err, store.ErrClosed), errors.Is(err, store.ErrFailed):
+	case errors.Is(err, store.ErrDiskFull):
+		return &protocol.Error{Code: protocol.ResServiceNotAvailable,
+			Remark: "[DISK_FULL] service not available now, the broker's disk is full: " + err.Error() +
+				"; writes resume once space is freed"}
+	case errors.Is(err, store.ErrFailed):
+		// The cause names files of the data dir: only its errno goes out.
+		reason := "an I/O error"
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			reason = errno.Error()
+		}
+		return &protocol.Error{Code: protocol.ResServiceNotAvailable,
+			Remark: "[STORE_FAILED] service not available now, the message store failed a write (" + reason +
+				") and refuses writes until the broker restarts; see the broker's log"}
+	case errors.Is(err, store.ErrClosed):
 		return &protocol.Error{Code: protocol.ResServiceNotAvailable, Remark: err.Error()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &protocol.Error{Code: protocol.ResSystemBusy, Remark: "[REJECTREQUEST]system busy: " + err.Error()}

@@ -130,7 +130,7 @@ type Options struct {
 	Notify Notifier
 	// DiskHighWatermark, when in (0, 1), makes Put and PutAsync fail with
 	// ErrDiskFull while the file system holding the store is used above
-	// this fraction (1 - available/total, as df counts it). Usage is read
+	// this fraction (used / (used + available), df's Use%). Usage is read
 	// with statfs at Open and every DiskCheckInterval; in between, the
 	// bytes of accepted Puts are added to the last reading, so a burst cannot
 	// run far past the mark. 0 (the default) or 1 turns the check off.
@@ -138,7 +138,8 @@ type Options struct {
 	// DiskCheckInterval is the period of the disk usage check (default 1s).
 	DiskCheckInterval time.Duration
 	// DiskUsage, if set, replaces statfs on the store's directory (for
-	// tests): it returns the bytes available to the store and the total.
+	// tests): it returns the bytes available to the store and the capacity
+	// (used + available).
 	DiskUsage func() (avail, total uint64, err error)
 	// PebbleOptions, if non-nil, is used as the base Pebble configuration
 	// (the store sets Logger, and MemTableSize, MemTableStopWritesThreshold
@@ -631,7 +632,22 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 // paths recover (recoverFatal) to fail the store instead of the process;
 // on Pebble's own goroutines the panic ends the process (fail-stop).
 func (p pebbleLogger) Fatalf(format string, args ...any) {
-	err := fmt.Errorf("pebble fatal: "+format, args...)
-	p.l.Error(err.Error(), "component", "pebble")
+	err := &fatalError{msg: "pebble fatal: " + fmt.Sprintf(format, args...)}
+	for _, a := range args {
+		if e, ok := a.(error); ok {
+			err.cause = e // keeps the cause (an errno…) matchable
+			break
+		}
+	}
+	p.l.Error(err.msg, "component", "pebble")
 	panic(pebbleFatal{err})
 }
+
+// fatalError is the error Pebble reported through Fatalf.
+type fatalError struct {
+	msg   string
+	cause error
+}
+
+func (e *fatalError) Error() string { return e.msg }
+func (e *fatalError) Unwrap() error { return e.cause }
