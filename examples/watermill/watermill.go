@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"net/netip"
 	"strings"
 	"time"
@@ -86,7 +87,7 @@ func Enrich(attempts func(uuid string) int) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		parts := strings.Split(string(msg.Payload), ":")
 		if len(parts) != 3 {
-			panic(fmt.Sprintf("malformed order %q", msg.Payload))
+			panic("malformed order " + strconv.Quote(string(msg.Payload)))
 		}
 		if attempts(msg.UUID) == 1 {
 			return nil, errors.New("inventory service unavailable")

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"fmt"
 	"strconv"
 	"unsafe"
 )
@@ -157,7 +156,7 @@ func (c *Command) ExtAt(i int) ExtField {
 		return c.ext[i]
 	}
 	if i < 0 || i >= int(c.rawN) {
-		panic(fmt.Sprintf("protocol: ExtAt(%d) of %d extFields", i, c.rawN))
+		panic("protocol: ExtAt index " + strconv.Itoa(i) + " out of range [0:" + strconv.Itoa(int(c.rawN)) + "]")
 	}
 	raw := c.raw()
 	var f ExtField
