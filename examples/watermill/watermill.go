@@ -11,8 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
