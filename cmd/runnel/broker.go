@@ -49,6 +49,9 @@ type brokerFlags struct {
 	maxConns      int
 	maxConnsPerIP int
 	firstFrame    time.Duration
+	diskHighWater float64
+	maxBatchMsgs  int
+	maxBatchBytes int
 }
 
 func newBrokerCmd() *cobra.Command {
@@ -84,7 +87,11 @@ certificate of --tls-cert (and presenting it as client certificate when
 Limits. --max-conns and --max-conns-per-ip cap the connections of each port
 (0 = no cap); --first-frame-timeout closes a connection that sends no complete
 request in time. Each refused or closed connection is counted and logged at
-most once per 10 s per kind of limit.`,
+most once per 10 s per kind of limit. --disk-high-watermark refuses sends
+(SERVICE_NOT_AVAILABLE "[DISK_FULL]…") while the data directory's file system
+is used above that fraction, and accepts them again by itself once space is
+freed; a failed disk write or fsync stops the broker's writes until it is
+restarted. --max-batch-messages and --max-batch-bytes bound one batch send.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBroker(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -115,6 +122,9 @@ most once per 10 s per kind of limit.`,
 	fl.IntVar(&f.maxConns, "max-conns", remoting.DefaultMaxConns, "most connections open at once on each port (0 = no cap)")
 	fl.IntVar(&f.maxConnsPerIP, "max-conns-per-ip", remoting.DefaultMaxConnsPerIP, "most connections open at once from one IP address on each port (0 = no cap)")
 	fl.DurationVar(&f.firstFrame, "first-frame-timeout", remoting.DefaultFirstFrameTimeout, "close a connection that sends no complete request this long after connecting (0 = never)")
+	fl.Float64Var(&f.diskHighWater, "disk-high-watermark", broker.DefaultDiskHighWatermark, "refuse sends while the data directory's file system is used above this fraction, in (0, 1]; 1 turns the check off")
+	fl.IntVar(&f.maxBatchMsgs, "max-batch-messages", broker.DefaultMaxBatchMessages, "most messages in one batch send")
+	fl.IntVar(&f.maxBatchBytes, "max-batch-bytes", broker.DefaultMaxBatchBytes, "largest body of one batch send, in bytes")
 	return cmd
 }
 
@@ -148,6 +158,8 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 		return 0, 0, fmt.Errorf("--max-conns-per-ip %d: must be 0 (no cap) or positive", f.maxConnsPerIP)
 	case f.firstFrame < 0:
 		return 0, 0, fmt.Errorf("--first-frame-timeout %v: must be 0 (never) or positive", f.firstFrame)
+	case !(f.diskHighWater > 0 && f.diskHighWater <= 1):
+		return 0, 0, fmt.Errorf("--disk-high-watermark %v: must be in (0, 1]", f.diskHighWater)
 	}
 	return mode, lvl, nil
 }
@@ -389,6 +401,8 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 			broker.WithACL(policy),
 			broker.WithTLS(sec.mode, sec.serverTLS),
 			broker.WithRemotingOptions(f.limits()...),
+			broker.WithDiskHighWatermark(f.diskHighWater),
+			broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
 		}
 		if sec.nsCreds != nil {
 			opts = append(opts, broker.WithNameServerCredentials(*sec.nsCreds))

@@ -253,6 +253,8 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(both, "--namesrv-tls-ca", keyFile), "holds no PEM certificate"},
 		{append(both, "--max-conns", "-1"), "--max-conns -1"},
 		{append(both, "--max-conns-per-ip", "-2"), "--max-conns-per-ip -2"},
+		{append(both, "--disk-high-watermark", "1.5"), "--disk-high-watermark 1.5: must be in (0, 1]"},
+		{append(both, "--max-batch-messages", "0"), "max batch messages 0"},
 		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "both a certificate file and a key file"},
 	}
 	for _, tc := range cases {
