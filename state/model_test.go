@@ -132,3 +132,114 @@ func TestRandomLayering(t *testing.T) {
 	}
 	verify()
 }
+
+// TestTimersLenModel drives Timers through random registrations (with
+// duplicates), deletions (of present and absent timers), pops, snapshots,
+// commits, aborts and restarts, and checks Len of both domains against a
+// model after every step: the live timers, and after a restart the timers
+// as of the last committed checkpoint.
+func TestTimersLenModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	dir := t.TempDir()
+	s, err := checkpoint.Open(dir, checkpoint.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	type tk struct {
+		d   TimeDomain
+		ts  int64
+		key string
+	}
+	cur := map[tk]bool{}
+	committed := map[tk]bool{}
+	snaps := map[uint64]map[tk]bool{}
+	var b *Backend
+	var tm *Timers
+	open := func() {
+		b = must(NewBackend(s, "op", 16, WithKeyGroupRange(0, 16)))
+		tm = must(NewTimers(b, "t"))
+	}
+	open()
+	check := func(step int, what string) {
+		t.Helper()
+		var want [3]int
+		for k := range cur {
+			want[k.d]++
+		}
+		for _, d := range []TimeDomain{EventTime, ProcessingTime} {
+			if got := tm.Len(d); got != want[d] || got != tm.count(d) {
+				t.Fatalf("step %d after %s: Len(%d) = %d, want %d (set holds %d)", step, what, d, got, want[d], tm.count(d))
+			}
+		}
+	}
+	id := uint64(0)
+	for step := range 4000 {
+		d := TimeDomain(1 + rng.IntN(2))
+		k := tk{d: d, ts: rng.Int64N(40) - 10, key: fmt.Sprint("k", rng.IntN(20))}
+		var what string
+		switch r := rng.IntN(100); {
+		case r < 45:
+			what = "register"
+			b.SetCurrentKey([]byte(k.key))
+			if err := tm.Register(k.d, k.ts); err != nil {
+				t.Fatal(err)
+			}
+			cur[k] = true
+		case r < 65:
+			what = "delete"
+			b.SetCurrentKey([]byte(k.key))
+			if err := tm.Delete(k.d, k.ts); err != nil {
+				t.Fatal(err)
+			}
+			delete(cur, k)
+		case r < 80:
+			what = "pop"
+			upTo := rng.Int64N(40) - 10
+			for timer, err := range tm.Due(d, upTo) {
+				if err != nil {
+					t.Fatal(err)
+				}
+				pk := tk{d: timer.Domain, ts: timer.Timestamp, key: string(timer.Key)}
+				if !cur[pk] || pk.ts > upTo {
+					t.Fatalf("step %d: popped %v, not a due live timer", step, pk)
+				}
+				delete(cur, pk)
+			}
+			for k := range cur {
+				if k.d == d && k.ts <= upTo {
+					t.Fatalf("step %d: %v due but not popped", step, k)
+				}
+			}
+		case r < 95:
+			what = "snapshot"
+			id++
+			p := b.Snapshot(id)
+			snaps[id] = maps.Clone(cur)
+			if rng.IntN(3) == 0 {
+				what = "abort"
+				b.Aborted(id)
+				break
+			}
+			if _, err := s.Commit(context.Background(), &checkpoint.Commit{ID: id, Parts: []checkpoint.Part{p}}); err != nil {
+				t.Fatal(err)
+			}
+			committed = snaps[id]
+			if rng.IntN(4) != 0 { // sometimes the notification is late
+				what = "commit"
+				b.Committed(id)
+			}
+		default:
+			what = "restart"
+			s.Close()
+			if s, err = checkpoint.Open(dir, checkpoint.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			open()
+			cur = maps.Clone(committed)
+		}
+		check(step, what)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"iter"
+
+	"github.com/runnel-dev/runnel/internal/invariants"
 )
 
 // TimeDomain says which clock a timer follows.
@@ -36,8 +38,12 @@ type Timer struct {
 type Timers struct {
 	h     handle
 	set   map[string]struct{} // layer keys of the registered timers
-	heaps [3]timerHeap        // by domain
-	kbuf  []byte
+	heaps [3]timerHeap        // by domain; may hold deleted timers
+	// n counts the members of set by domain (index EventTime,
+	// ProcessingTime), kept exact by every change of set so that Len is
+	// O(1): the keyed task asks it for every message.
+	n    [3]int
+	kbuf []byte
 }
 
 type timerItem struct {
@@ -77,7 +83,10 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 				return false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, name)
 			}
 			k := string(appendLayerKey(nil, uint16(kg), sk))
-			t.set[k] = struct{}{}
+			if _, dup := t.set[k]; !dup {
+				t.set[k] = struct{}{}
+				t.n[rest[0]]++
+			}
 			t.heaps[rest[0]] = append(t.heaps[rest[0]], timerItem{ts: decodeTS(rest[1:9]), key: k})
 			return true, nil
 		})
@@ -118,6 +127,7 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 	}
 	ks := string(k)
 	t.set[ks] = struct{}{}
+	t.n[d]++
 	heap.Push(&t.heaps[d], timerItem{ts: ts, key: ks})
 	t.h.b.cur.put(k, nil)
 	return nil
@@ -133,6 +143,7 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 		return nil
 	}
 	delete(t.set, string(k))
+	t.n[d]--
 	t.h.b.cur.del(k)
 	return nil
 }
@@ -170,6 +181,7 @@ func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 	}
 	heap.Pop(&t.heaps[d])
 	delete(t.set, it.key)
+	t.n[d]--
 	k := unsafeBytes(it.key)
 	hdr := 2 + len(t.h.prefix) + 9
 	if len(k) < hdr {
@@ -202,8 +214,20 @@ func (t *Timers) Due(d TimeDomain, upTo int64) iter.Seq2[Timer, error] {
 	}
 }
 
-// Len returns the number of registered timers in domain d.
+// Len returns the number of registered timers in domain d (0 for an
+// unknown domain). O(1).
 func (t *Timers) Len(d TimeDomain) int {
+	if d != EventTime && d != ProcessingTime {
+		return 0
+	}
+	if invariants.Enabled && invariants.Sometimes(1) && t.n[d] != t.count(d) {
+		panic("state: timer count out of step with the timer set")
+	}
+	return t.n[d]
+}
+
+// count counts the registered timers of domain d by walking the set.
+func (t *Timers) count(d TimeDomain) int {
 	n := 0
 	for k := range t.set {
 		if len(k) > 2+len(t.h.prefix) && TimeDomain(k[2+len(t.h.prefix)]) == d {
