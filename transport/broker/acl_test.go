@@ -130,10 +130,18 @@ var aclBrokerCases = []aclCase{
 	{"GET_ALL_TOPIC_CONFIG", "admin", protocol.ResSuccess, func() *protocol.Command {
 		return protocol.NewRequest(protocol.ReqGetAllTopicConfig)
 	}},
-	{"UPDATE_BROKER_CONFIG", "admin", -1, func() *protocol.Command {
+	{"UPDATE_BROKER_CONFIG path", "admin", protocol.ResNoPermission, func() *protocol.Command {
 		req := protocol.NewRequest(25)
 		req.Body = []byte("brokerConfigPath=/tmp/x")
 		return req
+	}},
+	{"UPDATE_BROKER_CONFIG allowed key", "admin", protocol.ResSuccess, func() *protocol.Command {
+		req := protocol.NewRequest(25)
+		req.Body = []byte("maxTransferCountOnMessageInMemory=32")
+		return req
+	}},
+	{"GET_BROKER_CONFIG", "admin", protocol.ResSuccess, func() *protocol.Command {
+		return protocol.NewRequest(26)
 	}},
 	{"unknown code 9999", "never", -1, func() *protocol.Command {
 		req := protocol.NewRequest(9999)

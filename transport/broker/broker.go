@@ -158,6 +158,7 @@ type Broker struct {
 	lp    *longPoll
 	stats brokerStats // stats.go
 	tx    *transactions
+	live  liveConfig // processor_config.go
 
 	topics topicTable
 	groups groupTable
@@ -203,6 +204,7 @@ func New(opts ...Option) (*Broker, error) {
 		return nil, err
 	}
 	b := &Broker{cfg: cfg, log: cfg.logger}
+	b.live.init(&b.cfg)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.regCtx, b.regCancel = context.WithCancel(context.Background())
 	b.topics.init()

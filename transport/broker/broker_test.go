@@ -638,7 +638,7 @@ func TestBrokerAdmin(t *testing.T) {
 	if _, ok := b.groupConfig("admin-group", false); ok {
 		t.Fatal("group still there")
 	}
-	if resp := invoke(t, c, protocol.NewRequest(reqUpdateBrokerConfig)); resp.Code != protocol.ResNoPermission {
+	if resp := invoke(t, c, configReq("brokerConfigPath=/tmp/x")); resp.Code != protocol.ResNoPermission {
 		t.Fatalf("UPDATE_BROKER_CONFIG: %d", resp.Code)
 	}
 	if resp := invoke(t, c, protocol.NewRequest(9999)); resp.Code != protocol.ResRequestCodeNotSupported {

@@ -20,7 +20,13 @@
 // with tag filtering, the offset → status mapping of protocol §7.5, the
 // commit-offset piggyback and long polling. Offsets and queries (14, 15,
 // 29–33, 12), admin requests (17, 215, 21, 351, 200, 201, 207, 202, 208).
-// UPDATE_BROKER_CONFIG is refused. The client registry, queue locks,
+// UPDATE_BROKER_CONFIG (25) changes only an allow-list of pull and
+// long-polling limits (processor_config.go; any other key is refused with
+// NO_PERMISSION), GET_BROKER_CONFIG (26) shows the harmless settings.
+// Sends are refused with SERVICE_NOT_AVAILABLE while the data dir's disk is
+// above WithDiskHighWatermark ("[DISK_FULL]", resuming by itself) and after
+// the store failed a write or fsync ("[STORE_FAILED]", fail-stop until a
+// restart). The client registry, queue locks,
 // retry/DLQ, delay levels, timers and reply push are plugged in through the
 // extensions seam (subsystems.go). Transactional messages (half messages,
 // END_TRANSACTION 37, CHECK_TRANSACTION_STATE 39 check-back, discard to

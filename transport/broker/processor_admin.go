@@ -46,11 +46,10 @@ func (b *Broker) registerProcessors() {
 	h(b.processTopicStats, protocol.ReqGetTopicStatsInfo)
 	h(b.processConsumeStats, protocol.ReqGetConsumeStats)
 	h(b.tx.processEnd, protocol.ReqEndTransaction)
-	h(func(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
-		// Remote config writes are a known remote-code-execution vector
-		// (CVE-2023-33246): refuse them.
-		return respond(rc.Request(), protocol.ResNoPermission, "updating the broker configuration remotely is disabled"), nil
-	}, reqUpdateBrokerConfig)
+	// Remote config writes are a known remote-code-execution vector
+	// (CVE-2023-33246): only an allow-list of harmless keys (processor_config.go).
+	h(b.processUpdateBrokerConfig, reqUpdateBrokerConfig)
+	h(b.processGetBrokerConfig, reqGetBrokerConfig)
 }
 
 // processCreateTopic serves UPDATE_AND_CREATE_TOPIC (17): create or

@@ -154,8 +154,8 @@ func (b *Broker) checkPull(p *pullReq) *protocol.Command {
 	} else {
 		p.filter = tagFilter{all: true}
 	}
-	p.maxMsgs = min(max(int(h.MaxMsgNums), 1), b.cfg.pullMaxMsgs)
-	p.maxBytes = b.cfg.pullMaxBytes
+	p.maxMsgs = min(max(int(h.MaxMsgNums), 1), int(b.live.pullMaxMsgs.Load()))
+	p.maxBytes = int(b.live.pullMaxBytes.Load())
 	if v, ok := h.MaxMsgBytes.Get(); ok && v > 0 {
 		p.maxBytes = min(p.maxBytes, int(v))
 	}
@@ -228,7 +228,7 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 // PULL_NOT_FOUND.
 func (b *Broker) notFound(p *pullReq, allowSuspend bool, status string, next, minOff, maxOff int64) {
 	if allowSuspend && p.h.SysFlag&protocol.PullFlagSuspend != 0 {
-		d := min(time.Duration(p.h.SuspendTimeoutMillis)*time.Millisecond, b.cfg.maxSuspend)
+		d := min(time.Duration(p.h.SuspendTimeoutMillis)*time.Millisecond, time.Duration(b.live.maxSuspend.Load()))
 		if d > 0 {
 			switch b.lp.park(p, d) {
 			case parked:
