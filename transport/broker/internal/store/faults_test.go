@@ -252,3 +252,17 @@ func TestDiskHighWatermarkOptions(t *testing.T) {
 	}
 	mustPut(t, s, msg("T", 0, "x"))
 }
+
+// BenchmarkDiskAdmit measures the per-Put cost of the high-water mark.
+func BenchmarkDiskAdmit(b *testing.B) {
+	g := diskGuard{on: true, mark: 0.9}
+	g.limit.Store(1 << 62)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := g.admit(1024, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
