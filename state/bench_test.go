@@ -183,3 +183,62 @@ func BenchmarkValueCountCheckpointed(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTimersLen is the keyed task's per-message question "any
+// processing-time timers?" with 100k event-time timers registered: it must
+// not depend on the number of timers.
+func BenchmarkTimersLen(b *testing.B) {
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	tm := must(NewTimers(be, "t"))
+	for _, k := range benchKeys(100_000) {
+		be.SetCurrentKey(k)
+		if err := tm.Register(EventTime, 60_000); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	n := 0
+	for range b.N {
+		n += tm.Len(ProcessingTime)
+	}
+	if n != 0 {
+		b.Fatal(n)
+	}
+}
+
+// BenchmarkTimersWindowCycle is the tumbling-window timer pattern: 100k
+// keys each register a timer at the same window end, then the watermark
+// passes it and all of them fire (PopDue); a checkpoint (not timed) every
+// window. One op = one timer registered and fired.
+func BenchmarkTimersWindowCycle(b *testing.B) {
+	const keys = 100_000
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	tm := must(NewTimers(be, "t"))
+	kk := benchKeys(keys)
+	id := uint64(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; {
+		end := int64(i/keys+1) * 60_000
+		n := min(keys, b.N-i)
+		for _, k := range kk[:n] {
+			be.SetCurrentKey(k)
+			if err := tm.Register(EventTime, end); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, err := range tm.Due(EventTime, end) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		i += n
+		b.StopTimer()
+		id++
+		checkpointNow(b, s, be, id)
+		b.StartTimer()
+	}
+}
