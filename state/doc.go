@@ -61,5 +61,8 @@
 //     into deletions. Expired entries only in the store are removed when read
 //     (there is no background sweep of the store).
 //   - Timers are indexed in memory (a heap per domain plus a set) and loaded
-//     at NewTimers from the backend's key groups.
+//     at NewTimers from the backend's key groups. A per-domain count moves
+//     with every change of the set (so Len is O(1)); deleted timers stay in
+//     the heap until they reach its top. Snapshot, Committed and Aborted do
+//     not touch the index: it always equals the visible (newest) state.
 package state
