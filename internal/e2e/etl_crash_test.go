@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -120,7 +121,8 @@ func TestETLChild(t *testing.T) {
 		opts = append(opts, mqsink.WithTxFaults(mqsink.TxFaults{CommitBeforeDurable: true}))
 	}
 	err = etl.Run(ctx, c, etl.Config{In: etlIn, Out: etlOut, DLQ: etlDLQ, Group: "etl_e2e", StateDir: filepath.Join(os.Getenv(envETLDir), "job"),
-		CheckpointInterval: interval, Parallelism: par, SinkOptions: opts})
+		CheckpointInterval: interval, Parallelism: par, SinkOptions: opts,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +295,8 @@ func (e *etlEnv) finish(t *testing.T, o etlRunOpts, halvesEnded bool) *etl.Repor
 		if time.Now().After(deadline) {
 			_ = ch.cmd.Process.Kill()
 			<-ch.done
+			r := e.verify(t)
+			t.Logf("oracle: %s\n%s", r, strings.Join(r.Examples, "\n"))
 			t.Fatalf("final run: only %d/%d outputs and %d/%d dead letters committed; broker %+v\n%s", out, valid, dlq, invalid,
 				e.b.TransactionStats(), ch.out.String())
 		}

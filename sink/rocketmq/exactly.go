@@ -720,14 +720,14 @@ func (s *ExactlyOnce[T]) PreCommit(ctx context.Context, id uint64) ([]byte, erro
 	return ep.desc, nil
 }
 
-// Commit implements sink.TwoPhaseCommit: it starts committing every half
-// message of the transaction, lane by lane (see the package notes), on a
-// goroutine of the sink, and returns; the sink keeps writing the next
-// epoch meanwhile. The next Commit, PreCommit, Flush or Close waits for it
-// first, so transactions are committed in order, and the next checkpoint
-// (which records this one as resolved) completes only after it. Commit is
-// idempotent; after a failure that outlasted the retries the sink fails
-// for good.
+// Commit implements sink.TwoPhaseCommit: it commits every half message of
+// the transaction, lane by lane (see the package notes), and returns when
+// all are committed. It must not return earlier: the runtime records the
+// transaction as resolved in the next checkpoint batch as soon as Commit
+// returns, and a restart after that batch no longer lists it. The wait
+// ignores ctx's cancellation (it is bounded by the retries), so that a job
+// stopping during its restore does not fail for it. Commit is idempotent;
+// after a failure that outlasted the retries the sink fails for good.
 func (s *ExactlyOnce[T]) Commit(ctx context.Context, txn []byte) error {
 	if s.closed {
 		return ErrClosed
@@ -769,11 +769,12 @@ func (s *ExactlyOnce[T]) Commit(ctx context.Context, txn []byte) error {
 		defer close(job.done)
 		job.err = s.commit(d, ep)
 	}()
-	return nil
+	return s.waitCommit(context.WithoutCancel(ctx))
 }
 
 // commitJob is a transaction being committed by the sink's committer
-// goroutine.
+// goroutine (Commit waits for it; Close joins one left by a Commit that
+// did not return).
 type commitJob struct {
 	key  string
 	ep   *epochTxn
