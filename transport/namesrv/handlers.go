@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -198,6 +199,18 @@ func checkAddr(addr string) error {
 	}
 	if p, err := strconv.ParseUint(port, 10, 16); host == "" || err != nil || p == 0 {
 		return fmt.Errorf("broker address %q is not a plain host:port", addr)
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	// Not an IP literal: a host name of ASCII letters, digits, dots, dashes
+	// and underscores (anything else, e.g. invalid UTF-8, would not survive
+	// the JSON route body unchanged).
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("broker address %q: host is neither an IP address nor a host name", addr)
+		}
 	}
 	return nil
 }
