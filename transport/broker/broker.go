@@ -66,6 +66,9 @@ type extensions struct {
 	// beforeStore may rewrite a single (non-batch) message about to be
 	// stored by the send path, or reject it with a *protocol.Error. It runs
 	// after validation and auto-create, before the record is encoded.
+	// It may run on a connection's reader goroutine, so it must not block,
+	// save in the cases sendMayBlock (processor_send.go) keeps off readers:
+	// %RETRY% topics and the first timer message.
 	beforeStore func(ctx context.Context, m *InboundMessage) error
 	// afterStore is told about stored messages of the send path (long-poll
 	// waiters are woken by the core).
@@ -191,6 +194,10 @@ type Broker struct {
 
 	bufs  sync.Pool // *[]byte record and response buffers
 	sends sync.Pool // *pendingSend
+
+	// handOffs holds a slot per send handed off a reader goroutine
+	// (processor_send.go, handOff).
+	handOffs chan struct{}
 }
 
 // New returns a Broker configured by opts. It validates the options and
@@ -211,6 +218,7 @@ func New(opts ...Option) (*Broker, error) {
 	b.groups.init()
 	b.bufs.New = func() any { s := make([]byte, 0, 4096); return &s }
 	b.sends.New = func() any { return newPendingSend(b) }
+	b.handOffs = make(chan struct{}, maxHandOffs)
 	b.lp = newLongPoll(b)
 	b.tx = newTransactions(b)
 	sopts := append([]remoting.ServerOption{

@@ -25,8 +25,14 @@ func (b *Broker) registerProcessors() {
 			b.srv.Handle(c, remoting.ProcessorFunc(fn))
 		}
 	}
-	h(b.processSend, protocol.ReqSendMessage, protocol.ReqSendMessageV2, protocol.ReqSendBatchMessage,
-		protocol.ReqSendReplyMessage, protocol.ReqSendReplyMessageV2)
+	// Single-message sends run on the connection's reader goroutine
+	// (processSendInline: no hand-off per request; what may block goes to
+	// a broker goroutine); batches always wait for their store round.
+	for _, c := range []int32{protocol.ReqSendMessage, protocol.ReqSendMessageV2,
+		protocol.ReqSendReplyMessage, protocol.ReqSendReplyMessageV2} {
+		b.srv.HandleInline(c, remoting.ProcessorFunc(b.processSendInline))
+	}
+	h(b.processSend, protocol.ReqSendBatchMessage)
 	h(b.processPull, protocol.ReqPullMessage, protocol.ReqLitePullMessage)
 	h(b.processQueryConsumerOffset, protocol.ReqQueryConsumerOffset)
 	h(b.processUpdateConsumerOffset, protocol.ReqUpdateConsumerOffset)

@@ -3,7 +3,9 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -50,6 +52,28 @@ func illegal(remark string) error {
 // queue count (INVALID_PARAMETER; negative = random writable queue); then
 // batch or transaction specifics and the beforeStore hook.
 func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	return b.serveSend(ctx, rc, false)
+}
+
+// processSendInline is processSend for the codes registered with
+// remoting's HandleInline: it runs on the connection's reader goroutine, so
+// it must not block. The common send (an existing, non-retry topic, one
+// message) only validates, encodes and hands the record to the store's
+// committer (Store.PutAsync), answering later. A send whose path may block
+// on a synchronous Pebble write or a store round is handed to a
+// broker-owned goroutine instead (sendMayBlock, handOff).
+//
+// Ordering per connection: inline sends reach the store's committer in the
+// order the connection carried them. A handed-off send may be overtaken by
+// later sends of the same connection (as any send could be when every
+// request ran on its own handler goroutine); producers that need order wait
+// for each answer before the next send, as RocketMQ's orderly producers do.
+func (b *Broker) processSendInline(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	return b.serveSend(ctx, rc, true)
+}
+
+// serveSend is processSend; inline says it runs on a reader goroutine.
+func (b *Broker) serveSend(ctx context.Context, rc *remoting.RequestCtx, inline bool) (*protocol.Command, error) {
 	req := rc.Request()
 	var h protocol.SendMessageRequestHeader
 	var err error
@@ -81,13 +105,98 @@ func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*pro
 		return respond(req, protocol.ResMessageIllegal, "message properties length "+strconv.Itoa(len(h.Properties))+
 			" exceeds 32767"), nil
 	}
+	if inline && b.sendMayBlock(&h) {
+		return b.handOff(ctx, rc, &h)
+	}
+	return b.sendChecked(ctx, rc, &h)
+}
+
+// sendMayBlock reports whether the send with header h may block beyond a
+// full store queue, so that it must not run on a reader goroutine: a batch
+// (its store Put waits for the round), a topic not known yet (auto-create
+// persists the topic config with a synced Pebble write), a %RETRY% topic
+// (the group or its DLQ topic may be created) and the first timer message
+// (the timer topic may be created). Everything else the send path does
+// (the beforeStore rewrite to a delay level, half messages, PutAsync) does
+// not block.
+func (b *Broker) sendMayBlock(h *protocol.SendMessageRequestHeader) bool {
+	if h.Batch.Or(false) || strings.HasPrefix(h.Topic, retryPrefix) {
+		return true
+	}
+	if _, ok := b.topics.get(h.Topic); !ok {
+		return true
+	}
+	// "TIMER_DEL" prefixes the three timer properties: a cheap filter.
+	if _, ok := b.topics.get(timerTopic); !ok && strings.Contains(h.Properties, "TIMER_DEL") {
+		for _, k := range [...]string{protocol.PropTimerDelaySec, protocol.PropTimerDelayMS, protocol.PropTimerDeliverMS} {
+			if _, ok := protocol.PropertyValue(h.Properties, k); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// maxHandOffs bounds the sends handed off the reader goroutines at a time
+// (per broker). A reader that finds no slot waits, which throttles its own
+// connection only.
+const maxHandOffs = 64
+
+// handOff serves the checked send h on a goroutine the broker owns,
+// answering rc from there (the request is deferred). It waits for a slot
+// (maxHandOffs) or for ctx, the connection's lifetime, to end.
+func (b *Broker) handOff(ctx context.Context, rc *remoting.RequestCtx, h *protocol.SendMessageRequestHeader) (*protocol.Command, error) {
+	select {
+	case b.handOffs <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("broker: send: %w", ctx.Err())
+	}
+	hh := *h
+	rc.Defer()
+	// The remoting server joins its processors before stop joins b.wg, so
+	// this Add never races with that Wait.
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer func() { <-b.handOffs }()
+		resp := b.sendHandedOff(ctx, rc, &hh)
+		if resp != nil {
+			_ = rc.Respond(resp) // a failure closed the connection, which reports it
+		}
+	}()
+	return nil, nil
+}
+
+// sendHandedOff runs sendChecked, turning an error or a panic into the
+// response (as the remoting server does for its processors).
+func (b *Broker) sendHandedOff(ctx context.Context, rc *remoting.RequestCtx, h *protocol.SendMessageRequestHeader) (resp *protocol.Command) {
+	req := rc.Request()
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("broker: send panicked", "code", req.Code, "panic", r, "stack", string(debug.Stack()))
+			resp = respond(req, protocol.ResSystemError, fmt.Sprintf("broker: send panic: %v", r))
+		}
+	}()
+	resp, err := b.sendChecked(ctx, rc, h)
+	if err != nil {
+		return errorResponse(req, err)
+	}
+	return resp
+}
+
+// sendChecked serves a send whose header decoded and whose sizes were
+// checked: the target topic and queue, then the batch or single message.
+func (b *Broker) sendChecked(ctx context.Context, rc *remoting.RequestCtx, h *protocol.SendMessageRequestHeader) (*protocol.Command, error) {
+	req := rc.Request()
+	batch := h.Batch.Or(false)
+	var err error
 	var items []batchItem
 	if batch {
 		if items, err = b.decodeBatch(h.Topic, req.Body); err != nil {
 			return errorResponse(req, err), nil
 		}
 	}
-	tc, queueID, err := b.checkSendTarget(&h)
+	tc, queueID, err := b.checkSendTarget(h)
 	if err != nil {
 		return errorResponse(req, err), nil
 	}
@@ -210,7 +319,8 @@ func isTransactional(sysFlag int32, props string) bool {
 //
 // The store round is not waited for: the request is deferred and answered
 // by the store's committer once the round is durable (pendingSend), so
-// the handler goroutine is free for the next request at once.
+// the goroutine serving the connection (its reader, processSendInline)
+// is free for the next request at once.
 func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, m *InboundMessage) (*protocol.Command, error) {
 	req := rc.Request()
 	props, uniq := b.completeProperties(m.Properties)
