@@ -8,7 +8,7 @@ MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -n
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
-.PHONY: run test test-short test-noinv test-failpoints lint fuzz bench tidy-check generate-check build
+.PHONY: run test test-short test-noinv test-failpoints lint fuzz bench tidy-check generate-check build test-watermill-full
 
 ## run: the exactly-once ETL demo (examples/etl) end to end on an embedded name
 ## server + broker it starts itself: sample orders with a progress bar, the job as
@@ -36,6 +36,13 @@ test:
 ## SIGKILL at each protocol boundary, 20 runs each (FAILPOINT_FLAGS=-short: 3)
 test-failpoints:
 	$(GO) test -race -tags $(TAGS),failpoints -timeout 30m -run 'TestE2EETLFailpoints' $(FAILPOINT_FLAGS) -v ./internal/e2e/
+
+## test-watermill-full: watermill's universal Pub/Sub suite at full size against
+## the embedded broker (make test runs it with watermill's short counts), and its
+## stress variant
+test-watermill-full:
+	RUNNEL_WATERMILL_FULL=1 $(GO) test -race -timeout 30m -run 'TestPubSub' -v ./transport/watermill/
+	$(GO) test -race -tags stress -timeout 30m -run 'TestPubSubStressTest' ./transport/watermill/
 
 ## test-short: quick run without -race, skipping long tests
 test-short:
