@@ -9,9 +9,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -26,26 +26,8 @@ type cluster struct {
 
 func newCluster(t testing.TB) *cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return &cluster{t: t, ns: ns.Addr(), b: b}
+	tc := testutil.RunCluster(t)
+	return &cluster{t: t, ns: tc.NameServer, b: tc.Broker}
 }
 
 // client returns a client (closed at cleanup) with hooks.
@@ -77,7 +59,7 @@ func (cl *cluster) createTopic(c *client.Client, topic string, n int) {
 	if err := c.CreateTopic(ctx, cl.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
 		cl.t.Fatal(err)
 	}
-	checkFor(cl.t, 20*time.Second, func() error {
+	testutil.CheckFor(cl.t, 20*time.Second, 10*time.Millisecond, func() error {
 		r, err := c.RefreshRoute(ctx, topic)
 		if err != nil {
 			return err
@@ -91,21 +73,4 @@ func (cl *cluster) createTopic(c *client.Client, topic string, n int) {
 
 func queue(topic string, id int) protocol.MessageQueue {
 	return protocol.MessageQueue{Topic: topic, BrokerName: "broker-a", QueueID: int32(id)}
-}
-
-// checkFor polls fn every 10 ms until it returns nil or total passed.
-func checkFor(t testing.TB, total time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		tick := time.NewTimer(10 * time.Millisecond)
-		<-tick.C
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	rotel "github.com/runnel-dev/runnel/otel"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
@@ -139,7 +140,7 @@ func TestMetricsPrometheus(t *testing.T) {
 		t.Fatalf("job ended before listening: %v", err)
 	}
 	var s map[string]float64
-	checkFor(t, 30*time.Second, func() error {
+	testutil.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		select {
 		case err := <-done:
 			return fmt.Errorf("job ended early: %v", err)

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	rotel "github.com/runnel-dev/runnel/otel"
 	"github.com/runnel-dev/runnel/pipeline"
 	sinkmq "github.com/runnel-dev/runnel/sink/rocketmq"
@@ -80,7 +81,7 @@ func TestTraceEndToEnd(t *testing.T) {
 
 	// Downstream consumer: a plain pull, with a receive span per message.
 	var pulled *client.PullResult
-	checkFor(t, 10*time.Second, func() error {
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		var err error
 		pulled, err = admin.Pull(ctx, client.PullRequest{Queue: out, Offset: 0, Group: "downstream"})
 		if err != nil {

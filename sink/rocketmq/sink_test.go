@@ -12,12 +12,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	srcmq "github.com/runnel-dev/runnel/source/rocketmq"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -32,26 +32,9 @@ type cluster struct {
 
 func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, bopts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	c, err := client.New(client.WithNameServers(ns.Addr()), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
+	tc := testutil.RunCluster(t, bopts...)
+	b := tc.Broker
+	c, err := client.New(client.WithNameServers(tc.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,17 +54,16 @@ func (cl *cluster) createTopic(topic string, n int) {
 	if err := cl.c.CreateTopic(ctx, cl.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
 		cl.t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.CheckFor(cl.t, 20*time.Second, 20*time.Millisecond, func() error {
 		r, err := cl.c.RefreshRoute(ctx, topic)
-		if err == nil && len(r.PublishQueues()) == n {
-			return
+		if err != nil {
+			return fmt.Errorf("route of %s: %w", topic, err)
 		}
-		if time.Now().After(deadline) {
-			cl.t.Fatalf("route of %s: %v", topic, err)
+		if got := len(r.PublishQueues()); got != n {
+			return fmt.Errorf("route of %s has %d publish queues, want %d", topic, got, n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // readTopic returns every message stored in topic (all queues, up to the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 )
@@ -57,7 +58,7 @@ func TestJobDiscoversNewQueues(t *testing.T) {
 	wg.Go(func() {
 		defer cancel()
 		// Both initial splits opened (their Latest offsets are checkpointed).
-		waitFor(t, 20*time.Second, func() error {
+		testutil.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			if c := committed(); len(c) < 2 {
 				return fmt.Errorf("committed %v", c)
 			}
@@ -68,7 +69,7 @@ func TestJobDiscoversNewQueues(t *testing.T) {
 		cl.produce(topic, 2, bodies("q2-", 30)...)
 		cl.produce(topic, 3, bodies("q3-", 30)...)
 		job.DiscoverNow()
-		waitFor(t, 20*time.Second, func() error {
+		testutil.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			mu.Lock()
 			defer mu.Unlock()
 			c := committed()

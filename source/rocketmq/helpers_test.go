@@ -12,10 +12,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/source"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -38,27 +38,9 @@ type cluster struct {
 
 func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	opts := append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, bopts...)
-	b, err := broker.New(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	c, err := client.New(client.WithNameServers(ns.Addr()), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
+	tc := testutil.RunCluster(t, bopts...)
+	b := tc.Broker
+	c, err := client.New(client.WithNameServers(tc.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +50,7 @@ func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	return &cluster{t: t, b: b, c: c, p: p, broker: "broker-a", ns: ns.Addr()}
+	return &cluster{t: t, b: b, c: c, p: p, broker: testutil.BrokerName, ns: tc.NameServer}
 }
 
 // createTopic creates topic with n queues and waits until its route shows
@@ -80,7 +62,7 @@ func (cl *cluster) createTopic(topic string, n int) {
 	if err := cl.c.CreateTopic(ctx, cl.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
 		cl.t.Fatal(err)
 	}
-	waitFor(cl.t, 20*time.Second, func() error {
+	testutil.CheckFor(cl.t, 20*time.Second, 20*time.Millisecond, func() error {
 		r, err := cl.c.RefreshRoute(ctx, topic)
 		if err != nil {
 			return err
@@ -121,21 +103,6 @@ func bodies(prefix string, n int) []*client.Message {
 		msgs[i] = &client.Message{Body: []byte(prefix + strconv.Itoa(i))}
 	}
 	return msgs
-}
-
-func waitFor(t testing.TB, total time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %v: %v", total, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // readAll polls r until ErrEndOfSplit, which must come after want records

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/transport/broker"
@@ -83,7 +84,7 @@ func TestQueueLocksFence(t *testing.T) {
 		t.Fatalf("B: Splits = %v", err)
 	}
 	// A's next renewal is refused: its split is fenced.
-	waitFor(t, 15*time.Second, func() error {
+	testutil.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		pctx, pcancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer pcancel()
 		_, err := ra.Poll(pctx, 10)
@@ -241,7 +242,7 @@ func TestQueueLocksAcrossProcesses(t *testing.T) {
 	}
 	b := startJobProc(t, cl.ns, InstanceName("lock-child", "dir-2"))
 	// The second one must log that it waits and must not start.
-	waitFor(t, 20*time.Second, func() error {
+	testutil.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if !strings.Contains(b.log(), "waiting for broker queue locks") {
 			return fmt.Errorf("second job does not report waiting for the locks: %s", b.log())
 		}

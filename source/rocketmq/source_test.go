@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/source"
 	"github.com/runnel-dev/runnel/transport/client"
 )
@@ -140,14 +141,14 @@ func TestSourceStartPositions(t *testing.T) {
 		}
 	})
 	t.Run("Timestamp", func(t *testing.T) {
-		waitFor(t, 5*time.Second, func() error { // store timestamps are in ms
+		testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error { // store timestamps are in ms
 			if time.Now().UnixMilli() <= time.Now().Add(-2*time.Millisecond).UnixMilli() {
 				return errors.New("clock")
 			}
 			return nil
 		})
 		mid := time.Now().Add(2 * time.Millisecond)
-		waitFor(t, 5*time.Second, func() error {
+		testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 			if time.Now().Before(mid.Add(2 * time.Millisecond)) {
 				return errors.New("not yet")
 			}
@@ -243,7 +244,7 @@ func TestSourceFlowControl(t *testing.T) {
 		defer r.mu.Unlock()
 		return r.mu.msgs
 	}
-	waitFor(t, 10*time.Second, func() error {
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := buffered(); n < 50 {
 			return fmt.Errorf("%d buffered", n)
 		}
