@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -131,31 +130,7 @@ func runCrashSchedule(t *testing.T, seed uint64, kills int, control bool) map[ui
 		}
 		return cmd
 	}
-	hit := 0
-	for i := 0; hit < kills && i < 4*kills; i++ {
-		cmd := start()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		delay := time.Duration(100+rng.IntN(400)) * time.Millisecond
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("child run %d failed: %v", i, err)
-			}
-			// Finished before the kill: later runs restore a finished job.
-		case <-time.After(delay):
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			<-done
-			hit++
-		}
-	}
-	if hit < kills {
-		t.Fatalf("only %d of %d kills landed while the child ran", hit, kills)
-	}
-	cmd := start()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("final child run: %v", err)
-	}
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(400)) * time.Millisecond }, nil)
 	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
 		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
 	if err != nil {

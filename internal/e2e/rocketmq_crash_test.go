@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -202,31 +201,7 @@ func runMQCrashSchedule(t *testing.T, e *mqEnv, seed uint64, kills int, control 
 		}
 		return cmd
 	}
-	hit := 0
-	for i := 0; hit < kills && i < 4*kills; i++ {
-		cmd := start()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		delay := time.Duration(150+rng.IntN(500)) * time.Millisecond
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("child run %d failed: %v\n%s", i, err, out.String())
-			}
-			// Finished before the kill: later runs restore a finished job.
-		case <-time.After(delay):
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			<-done
-			hit++
-		}
-	}
-	if hit < kills {
-		t.Fatalf("only %d of %d kills landed while the child ran", hit, kills)
-	}
-	cmd := start()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("final child run: %v\n%s", err, out.String())
-	}
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, out.String)
 	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
 		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -157,29 +156,7 @@ func runWindowsCrash(t *testing.T, seed uint64, kills int, control bool) (result
 		}
 		return cmd
 	}
-	hit := 0
-	for i := 0; hit < kills && i < 4*kills; i++ {
-		cmd := start()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		delay := time.Duration(150+rng.IntN(500)) * time.Millisecond
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("child run %d failed: %v", i, err)
-			}
-		case <-time.After(delay):
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			<-done
-			hit++
-		}
-	}
-	if hit < kills {
-		t.Fatalf("only %d of %d kills landed while the child ran", hit, kills)
-	}
-	if err := start().Wait(); err != nil {
-		t.Fatalf("final child run: %v", err)
-	}
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, nil)
 	return readKV(t, filepath.Join(dir, "results")), readKV(t, filepath.Join(dir, "late"))
 }
 
