@@ -313,6 +313,12 @@ func (j *Job) Run(ctx context.Context) error {
 	j.engine.Store(eng)
 	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int), hooks: newRunHooks(j.name, j.cfg.obs.hooks)}
 	if err := r.plan(ctx); err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			// Asked to stop while starting (e.g. SIGTERM during a source's
+			// route lookup): nothing was read, the last checkpoint stands,
+			// so this is a clean stop, not a failure.
+			return eng.Close()
+		}
 		return errors.Join(err, eng.Close())
 	}
 	eng.SetGraph(r.statusGraph()) // statusgraph.go
