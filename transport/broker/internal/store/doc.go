@@ -75,6 +75,15 @@
 //
 // # Lock order
 //
-// writeMu → qmu. mu (open/closed and active-call count) is never held while
-// calling into Pebble.
+// writeMu → qmu, writeMu → walMu. walMu (every write to Pebble, from the
+// failure check through the WAL append; commitBatch) is a leaf. mu
+// (open/closed and active-call count) is never held while calling into
+// Pebble.
+//
+// # Failures
+//
+// A failed write to Pebble, or a failed WAL write or fsync seen by the
+// file system wrapper (walfs.go) even when nobody waits for it (ASYNC
+// mode), makes the store fail: writes get ErrFailed from then on and are
+// never retried; reads keep working.
 package store

@@ -33,14 +33,26 @@ func (s *Store) CommitOffset(group, topic string, queue int32, off int64) (err e
 	if err := s.failedErr(); err != nil {
 		return err
 	}
-	defer s.recoverFatal(&err, "commit offset")
 	var kb [128]byte
 	var vb [8]byte
 	binary.BigEndian.PutUint64(vb[:], uint64(off))
-	if err := s.db.Set(appendOffsetKey(kb[:0], group, topic, queue), vb[:], pebble.NoSync); err != nil {
-		return s.fail("commit offset", err)
+	return s.setOne(appendOffsetKey(kb[:0], group, topic, queue), vb[:], false, "commit offset")
+}
+
+// setOne writes (or with a nil value deletes) one key through commitBatch.
+func (s *Store) setOne(key, value []byte, sync bool, what string) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	var err error
+	if value == nil {
+		err = b.Delete(key, nil)
+	} else {
+		err = b.Set(key, value, nil)
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	return s.commitBatch(b, sync, what)
 }
 
 func checkOffsetArgs(group, topic string, queue int32) error {
@@ -213,7 +225,6 @@ func (s *Store) DeleteGroup(name string) (err error) {
 	if err := s.failedErr(); err != nil {
 		return err
 	}
-	defer s.recoverFatal(&err, "delete group")
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, k := range keys {
@@ -224,10 +235,7 @@ func (s *Store) DeleteGroup(name string) (err error) {
 	if err := b.Delete(appendNameKey(nil, prefixGroupCfg, name), nil); err != nil {
 		return fmt.Errorf("store: delete group: %w", err)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return s.fail("delete group", err)
-	}
-	return nil
+	return s.commitBatch(b, true, "delete group")
 }
 
 func (s *Store) putNamed(prefix byte, kind, name string, v []byte) (err error) {
@@ -244,11 +252,10 @@ func (s *Store) putNamed(prefix byte, kind, name string, v []byte) (err error) {
 	if err := s.failedErr(); err != nil {
 		return err
 	}
-	defer s.recoverFatal(&err, "put config")
-	if err := s.db.Set(appendNameKey(nil, prefix, name), v, pebble.Sync); err != nil {
-		return s.fail("put "+kind+" config", err)
+	if v == nil {
+		v = []byte{}
 	}
-	return nil
+	return s.setOne(appendNameKey(nil, prefix, name), v, true, "put "+kind+" config")
 }
 
 func (s *Store) getNamed(prefix byte, name string) ([]byte, bool, error) {
@@ -305,11 +312,10 @@ func (s *Store) PutMeta(key, value []byte) (err error) {
 	if err := s.failedErr(); err != nil {
 		return err
 	}
-	defer s.recoverFatal(&err, "put meta")
-	if err := s.db.Set(metaKey(key), value, pebble.Sync); err != nil {
-		return s.fail("put meta", err)
+	if value == nil {
+		value = []byte{}
 	}
-	return nil
+	return s.setOne(metaKey(key), value, true, "put meta")
 }
 
 // GetMeta returns a copy of the meta value and whether it exists.
@@ -336,11 +342,7 @@ func (s *Store) DeleteMeta(key []byte) (err error) {
 	if err := s.failedErr(); err != nil {
 		return err
 	}
-	defer s.recoverFatal(&err, "delete meta")
-	if err := s.db.Delete(metaKey(key), pebble.Sync); err != nil {
-		return s.fail("delete meta", err)
-	}
-	return nil
+	return s.setOne(metaKey(key), nil, true, "delete meta")
 }
 
 // ScanMeta calls fn, in key order, for every meta key starting with prefix
@@ -418,7 +420,7 @@ func (s *Store) TruncateBefore(topic string, queue int32, offset int64) error {
 			err = b.Set(q.metaKey, v[:], nil)
 		}
 		if err == nil {
-			err = s.commitBatch(b, pebble.Sync)
+			err = s.commitBatch(b, true, "truncate")
 		}
 		if cerr := b.Close(); err == nil {
 			err = cerr
@@ -482,7 +484,7 @@ func (s *Store) DeleteTopic(topic string) error {
 			return false, err
 		}
 		if n++; n%deleteChunk == 0 {
-			if err := s.commitBatch(b, pebble.NoSync); err != nil {
+			if err := s.commitBatch(b, false, "delete topic"); err != nil {
 				return false, err
 			}
 			_ = b.Close()
@@ -501,7 +503,7 @@ func (s *Store) DeleteTopic(topic string) error {
 		err = b.Delete(appendNameKey(nil, prefixTopicCfg, topic), nil)
 	}
 	if err == nil {
-		err = s.commitBatch(b, pebble.Sync)
+		err = s.commitBatch(b, true, "delete topic")
 	}
 	if cerr := b.Close(); err == nil {
 		err = cerr

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-
-	"github.com/cockroachdb/pebble/v2"
 )
 
 // PutMessage is one message to append.
@@ -360,11 +358,7 @@ func (s *Store) commit(reqs []*putRequest) error {
 	if err := b.Set(keyGlobal, v[:], nil); err != nil {
 		return s.abortRound(touched, refs, err)
 	}
-	wo := pebble.Sync
-	if s.opts.FlushMode == FlushAsync {
-		wo = pebble.NoSync
-	}
-	if err := s.commitBatch(b, wo); err != nil {
+	if err := s.commitBatch(b, s.opts.FlushMode == FlushSync, "commit"); err != nil {
 		return s.abortRound(touched, refs, err)
 	}
 	if s.opts.FlushMode == FlushSync {
@@ -385,17 +379,6 @@ func (s *Store) commit(reqs []*putRequest) error {
 	}
 	s.touched = touched[:0]
 	s.clearRefs(refs)
-	return nil
-}
-
-// commitBatch commits a round's batch. Any failure, a returned error or
-// Pebble's fatal commit error (a failed WAL write or fsync), makes the
-// store fail: the round is never retried.
-func (s *Store) commitBatch(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
-	defer s.recoverFatal(&err, "commit")
-	if err := b.Commit(wo); err != nil {
-		return s.fail("commit", err)
-	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Errors returned by the store. Match them with errors.Is.
@@ -81,12 +82,14 @@ const (
 	// Pebble had not yet handed to the OS, normally nothing or the last few
 	// milliseconds. Lost messages' offsets are reused after restart.
 	//
-	// A failed WAL write or fsync (disk full, I/O error) in this mode can end
-	// the process: Pebble reports it to the next unsynced commit by
-	// panicking inside its commit pipeline, which the store cannot recover
-	// from safely. That is fail-stop too (acknowledged messages of the last
-	// interval may be lost, as in a machine crash); FlushSync turns the same
-	// failure into ErrFailed.
+	// A failed WAL write or fsync (disk full, I/O error) makes the store
+	// fail, as in FlushSync mode: writes get ErrFailed from then on (also
+	// the Puts of a round that raced with the failure), reads keep working.
+	// Puts acknowledged before the failure since the last successful fsync
+	// may be lost, as in a machine crash. Pebble cannot unwind a WAL
+	// failure hit while it switches to a new WAL file (once per memtable,
+	// 64 MiB of writes by default): that one still ends the process, in
+	// both modes.
 	FlushAsync
 )
 
@@ -222,7 +225,12 @@ type Store struct {
 
 	// writeMu is the append lock: held by the committer for a round and by
 	// TruncateBefore/DeleteTopic.
-	writeMu  sync.Mutex
+	writeMu sync.Mutex
+	// walMu serializes every write to Pebble from the failure check to the
+	// end of its WAL append (commitBatch), so that no write reaches Pebble's
+	// WAL writer once it holds an error (walfs.go). Not held while waiting
+	// for an fsync.
+	walMu    sync.Mutex
 	physNext int64    // writeMu
 	lastTS   int64    // writeMu
 	touched  []*queue // writeMu; scratch
@@ -273,22 +281,29 @@ func Open(dir string, opts Options) (*Store, error) {
 		po.CacheSize = 64 << 20
 	}
 	po.Logger = pebbleLogger{opts.Logger}
-	db, err := pebble.Open(dir, po)
-	if err != nil {
-		return nil, fmt.Errorf("store: open pebble in %s: %w", dir, err)
-	}
 	s := &Store{
-		db:   db,
 		opts: opts,
 		log:  opts.Logger,
 		reqs: make(chan *putRequest, putQueueLen),
 		quit: make(chan struct{}),
 	}
+	if po.FS == nil {
+		po.FS = vfs.Default
+	}
+	po.FS = walWatchFS{FS: po.FS, s: s}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("store: open pebble in %s: %w", dir, err)
+	}
+	s.db = db
 	s.qmu.m = make(map[queueKey]*queue)
 	s.mu.idle.L = &s.mu.Mutex
 	s.reqPool.New = func() any { return &putRequest{done: make(chan error, 1)} }
 	s.bounds.New = func() any { return new(bounds) }
 	if err := s.recover(); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	if err := s.failedErr(); err != nil { // a WAL failure during recovery
 		return nil, errors.Join(err, db.Close())
 	}
 	if err := s.disk.init(dir, &opts); err != nil {
@@ -313,9 +328,15 @@ func (s *Store) recover() (err error) {
 	v, closer, err := s.db.Get(keyVersion)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], formatVersion)
-		if err := s.db.Set(keyVersion, b[:], pebble.Sync); err != nil {
+		var v [4]byte
+		binary.BigEndian.PutUint32(v[:], formatVersion)
+		b := s.db.NewBatch()
+		err := b.Set(keyVersion, v[:], nil)
+		if err == nil {
+			err = s.commitBatch(b, true, "write format version")
+		}
+		_ = b.Close()
+		if err != nil {
 			return fmt.Errorf("store: write format version: %w", err)
 		}
 	case err != nil:
@@ -554,15 +575,70 @@ func (s *Store) runSyncer() {
 
 // syncWAL fsyncs Pebble's WAL unless the store failed; a failure makes
 // the store fail.
-func (s *Store) syncWAL(what string) (err error) {
+func (s *Store) syncWAL(what string) error {
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := b.LogData(nil, nil); err != nil {
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	return s.commitBatch(b, true, what)
+}
+
+// commitBatch commits b to Pebble; every store write goes through it.
+// With sync it returns once the WAL holding b was fsynced.
+//
+// Fail-stop: nothing is written once the store failed, and any failure, a
+// returned error, Pebble's fatal commit error (pebbleLogger.Fatalf) or a
+// failed WAL write or fsync seen by walWatchFS while b was committed, makes
+// the store fail and is returned (wrapping ErrFailed): the write is never
+// retried, and a write that raced with a WAL failure is reported failed
+// even though Pebble applied it (in ASYNC mode it may be lost).
+//
+// The failure check and Pebble's WAL append happen under walMu: Pebble's
+// WAL writer panics on the append after it kept a background error, and
+// walWatchFS marks the store failed before Pebble sees the error, so the
+// next append checks and refuses instead. The fsync is waited for outside
+// walMu, so concurrent writers still share fsyncs.
+func (s *Store) commitBatch(b *pebble.Batch, sync bool, what string) error {
+	s.walMu.Lock()
+	err := s.applyLocked(b, sync, what)
+	s.walMu.Unlock()
+	if err == nil && sync {
+		if serr := b.SyncWait(); serr != nil {
+			err = s.fail(what, serr)
+		}
+	}
+	if err == nil {
+		err = s.failedErr()
+	}
+	return err
+}
+
+// applyLocked appends b to the WAL and applies it, without waiting for the
+// fsync. Requires walMu.
+func (s *Store) applyLocked(b *pebble.Batch, sync bool, what string) (err error) {
 	if err := s.failedErr(); err != nil {
 		return err
 	}
 	defer s.recoverFatal(&err, what)
-	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+	if sync {
+		err = s.db.ApplyNoSyncWait(b, pebble.Sync)
+	} else {
+		err = s.db.Apply(b, pebble.NoSync)
+	}
+	if err != nil {
 		return s.fail(what, err)
 	}
 	return nil
+}
+
+// walFailed makes the store fail because a WAL write or fsync failed (what
+// says which); called by walWatchFS on Pebble's goroutines.
+func (s *Store) walFailed(what string, err error) {
+	s.setFailed(fmt.Errorf("store: %s: %w", what, err))
 }
 
 // fail makes the store fail because of err, a failed write to Pebble, and
