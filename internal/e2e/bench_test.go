@@ -11,46 +11,65 @@ import (
 	"github.com/runnel-dev/runnel/state"
 )
 
-const benchSplits = 2
+const (
+	benchSplits = 2
+	// benchRecords is the size of one op of BenchmarkStatelessMap and
+	// BenchmarkKeyedCount: a job over that many generated records, whatever
+	// -benchtime says, so that a run spans several 1 s checkpoints.
+	benchRecords = 2_000_000
+)
 
-func benchRun(b *testing.B, job *pipeline.Job) {
+// benchRun runs b.N jobs built by build (each over benchRecords records,
+// counted by the sink into *seen) and reports records/s, CPU per record and
+// the checkpoint figures.
+func benchRun(b *testing.B, name string, build func(job *pipeline.Job, seen *int64)) {
 	b.Helper()
-	start := time.Now()
-	if err := job.Run(context.Background()); err != nil {
-		b.Fatal(err)
+	b.ReportAllocs()
+	cps := &cpStats{}
+	var took, cpu time.Duration
+	for range b.N {
+		b.StopTimer()
+		job := pipeline.New(name, pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
+			pipeline.DefaultParallelism(2), pipeline.Hooks(cps))
+		var seen int64
+		build(job, &seen)
+		b.StartTimer()
+		start, cpu0 := time.Now(), processCPU(b)
+		if err := job.Run(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		took += time.Since(start)
+		cpu += processCPU(b) - cpu0
+		if seen != benchRecords {
+			b.Fatalf("sink saw %d records, want %d", seen, benchRecords)
+		}
 	}
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "records/s")
+	b.ReportMetric(float64(b.N)*benchRecords/took.Seconds(), "records/s")
+	b.ReportMetric(float64(took.Nanoseconds())/(float64(b.N)*benchRecords), "ns/record")
+	b.ReportMetric(float64(cpu.Nanoseconds())/(float64(b.N)*benchRecords), "cpu-ns/record")
+	cps.report(b)
 }
 
-// BenchmarkStatelessMap: generator source, one Map, a counting sink; one
-// op = one record end to end.
+// BenchmarkStatelessMap: generator source (2 splits), one Map, a counting
+// sink; one op is one job over benchRecords records.
 func BenchmarkStatelessMap(b *testing.B) {
-	b.ReportAllocs()
-	job := pipeline.New("bench-map", pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second))
-	per := int64(b.N/benchSplits + 1)
-	src := pipeline.FromSource(job, "gen", source.NewGenerator(benchSplits, per, func(_ int, seq uint64) int64 { return int64(seq) }))
-	m := pipeline.Map(src, "double", func(_ context.Context, v int64) (int64, error) { return 2 * v, nil })
-	var n int64
-	pipeline.To(m, "count", sink.NewFunc(func(context.Context, int64) error { n++; return nil }, nil))
-	b.ResetTimer()
-	benchRun(b, job)
+	benchRun(b, "bench-map", func(job *pipeline.Job, seen *int64) {
+		src := pipeline.FromSource(job, "gen", source.NewGenerator(benchSplits, benchRecords/benchSplits,
+			func(_ int, seq uint64) int64 { return int64(seq) }))
+		m := pipeline.Map(src, "double", func(_ context.Context, v int64) (int64, error) { return 2 * v, nil })
+		pipeline.To(m, "count", sink.NewFunc(func(context.Context, int64) error { *seen++; return nil }, nil))
+	})
 }
 
 // BenchmarkKeyedCount: generator source over 100k keys, KeyBy, a per-key
-// count in state, checkpoint every second; compare records/s with
-// BenchmarkStatelessMap.
+// count in state (2 subtasks), checkpoint every second; one op is one job
+// over benchRecords records: compare with BenchmarkStatelessMap.
 func BenchmarkKeyedCount(b *testing.B) {
-	b.ReportAllocs()
-	job := pipeline.New("bench-count", pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
-		pipeline.DefaultParallelism(2))
-	per := int64(b.N/benchSplits + 1)
-	src := pipeline.FromSource(job, "gen", source.NewGenerator(benchSplits, per, func(split int, seq uint64) int64 {
-		return int64((seq*2 + uint64(split)) % 100_000)
-	}))
-	counts := pipeline.Reduce(pipeline.KeyBy(src, func(k int64) int64 { return k }), "count",
-		func(_ context.Context, a, _ int64) (int64, error) { return a + 1, nil }, pipeline.StateCodec(state.Int64Codec()))
-	var n int64
-	pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, int64) error { n++; return nil }, nil))
-	b.ResetTimer()
-	benchRun(b, job)
+	benchRun(b, "bench-count", func(job *pipeline.Job, seen *int64) {
+		src := pipeline.FromSource(job, "gen", source.NewGenerator(benchSplits, benchRecords/benchSplits,
+			func(split int, seq uint64) int64 { return int64((seq*2 + uint64(split)) % 100_000) }))
+		counts := pipeline.Reduce(pipeline.KeyBy(src, func(k int64) int64 { return k }), "count",
+			func(_ context.Context, a, _ int64) (int64, error) { return a + 1, nil }, pipeline.StateCodec(state.Int64Codec()))
+		pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, int64) error { *seen++; return nil }, nil))
+	})
 }
