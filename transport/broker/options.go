@@ -70,7 +70,10 @@ const (
 	FlushSync FlushMode = iota
 	// FlushAsync answers once the message is readable; the store fsyncs in
 	// the background. A machine crash can lose the last few hundred
-	// milliseconds of acknowledged messages.
+	// milliseconds of acknowledged messages. A failed WAL write or fsync
+	// makes the broker refuse sends ([STORE_FAILED]) until it restarts, as
+	// in FlushSync mode; the messages acknowledged since the last fsync may
+	// then be lost as in a machine crash.
 	FlushAsync
 )
 
