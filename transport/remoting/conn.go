@@ -11,6 +11,7 @@ import (
 	"net"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,15 +21,50 @@ import (
 )
 
 const (
-	// readBufSize and writeBufSize are the per-connection bufio sizes.
+	// readBufSize and writeBufSize are the sizes of the bufio buffers a
+	// connection reads and writes through. They are pooled (readers,
+	// writers): a connection holds its write buffer only while its writer
+	// goroutine drains frames, and (plain TCP) its read buffer only while
+	// bytes are arriving, so that idle connections cost no buffers.
 	readBufSize  = 32 << 10
 	writeBufSize = 32 << 10
 	// maxPooledBuf is the largest encode buffer returned to the pool; larger
 	// ones (big bodies) are left to the garbage collector.
 	maxPooledBuf = 64 << 10
-	// maxBatch bounds the frames the writer coalesces into one flush.
-	maxBatch = 256
+	// maxSpareFrames is the largest write-queue slice kept for reuse once
+	// drained; a larger one (a burst's backlog) is left to the garbage
+	// collector.
+	maxSpareFrames = 64
 )
+
+// readers and writers pool the bufio buffers of connections (process-wide
+// caches of free buffers, holding no state of any connection).
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufSize) }}
+)
+
+func getReader(r io.Reader) *bufio.Reader {
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(r)
+	return br
+}
+
+func putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	readers.Put(br)
+}
+
+func getWriter(w io.Writer) *bufio.Writer {
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(w)
+	return bw
+}
+
+func putWriter(bw *bufio.Writer) {
+	bw.Reset(nil)
+	writers.Put(bw)
+}
 
 // RequestHandler handles a request the peer sent on a Conn (a
 // server-initiated request, for a client). It runs on its own goroutine (at
@@ -70,6 +106,7 @@ type result struct {
 // outFrame is one encoded frame in the write queue.
 type outFrame struct {
 	buf    *[]byte
+	off    int  // bytes of buf already written (a direct write cut short)
 	oneway bool // releases a oneway slot once written
 }
 
@@ -82,7 +119,10 @@ type outFrame struct {
 // (bufio, decodes frames, completes pending calls, hands incoming requests to
 // handler goroutines), one writer (drains the bounded write queue and
 // coalesces frames into one buffered write), and up to
-// WithMaxConcurrentHandlers handler goroutines.
+// WithMaxConcurrentHandlers handler goroutines. On a plain TCP connection
+// with nothing queued and nothing else in flight, a frame is written by the
+// goroutine sending it (a non-blocking write; what the socket does not take
+// at once is left to the writer), sparing the hand-off to the writer.
 //
 // All methods are safe for concurrent use. A Conn never reconnects: once
 // closed (by Close, a read or write error, the idle timeout, or a malformed
@@ -124,8 +164,24 @@ type Conn struct {
 	asyncSem   chan struct{}
 	onewaySem  chan struct{}
 	handlerSem chan struct{}
-	wq         chan outFrame
-	work       chan *protocol.Command // unbuffered: hands a request to a parked worker
+	// wq is the write queue: frames waiting for the socket, in order, at
+	// most cfg.writeQueue of them. The socket's write side has one owner
+	// at a time (writing): the writer goroutine draining frames, or a
+	// goroutine writing its own frame directly (sock.write) because the
+	// queue was empty.
+	wq struct {
+		sync.Mutex
+		frames  []outFrame
+		spare   []outFrame    // a drained slice kept for reuse
+		writing bool          // the socket's write side is owned
+		room    chan struct{} // closed when frames are taken; nil when no one waits
+	}
+	wake chan struct{} // buffered 1: frames were queued for the writer
+	// sock, for a plain TCP connection, does the direct writes and lets
+	// the reader wait for bytes without holding a read buffer; nil
+	// otherwise.
+	sock *sock
+	work chan *protocol.Command // unbuffered: hands a request to a parked worker
 	idle       atomic.Int32           // parked workers
 	quit       chan struct{}
 	closeOnce  sync.Once
@@ -209,7 +265,8 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 		asyncSem:   make(chan struct{}, cfg.maxAsync),
 		onewaySem:  make(chan struct{}, cfg.maxOneway),
 		handlerSem: make(chan struct{}, cfg.handlers),
-		wq:         make(chan outFrame, cfg.writeQueue),
+		wake:       make(chan struct{}, 1),
+		sock:       newSock(nc),
 		work:       make(chan *protocol.Command),
 		quit:       make(chan struct{}),
 	}
@@ -483,7 +540,7 @@ func (c *Conn) acquire(ctx context.Context, sem chan struct{}) error {
 	}
 }
 
-// enqueue queues f for the writer, waiting for room as ctx allows.
+// enqueue queues f for the socket, waiting for room as ctx allows.
 func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
 	select {
 	case <-c.quit:
@@ -494,24 +551,24 @@ func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
 	n := int64(len(*f.buf))
 	c.queued.Add(1)
 	c.queuedB.Add(n)
-	select {
-	case c.wq <- f:
-		return nil
-	default:
-	}
-	select {
-	case c.wq <- f:
-		return nil
-	case <-ctx.Done():
-		c.queued.Add(-1)
-		c.queuedB.Add(-n)
-		c.putBuf(f.buf)
-		return ctxErr(ctx)
-	case <-c.quit:
-		c.queued.Add(-1)
-		c.queuedB.Add(-n)
-		c.putBuf(f.buf)
-		return c.closedErr()
+	for {
+		room := c.push(f, true)
+		if room == nil {
+			return nil
+		}
+		select {
+		case <-room:
+		case <-ctx.Done():
+			c.queued.Add(-1)
+			c.queuedB.Add(-n)
+			c.putBuf(f.buf)
+			return ctxErr(ctx)
+		case <-c.quit:
+			c.queued.Add(-1)
+			c.queuedB.Add(-n)
+			c.putBuf(f.buf)
+			return c.closedErr()
+		}
 	}
 }
 
@@ -535,16 +592,125 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 		c.shutdown(ErrWriteQueueBytes)
 		return c.closedErr()
 	}
-	select {
-	case c.wq <- f:
-		return nil
-	default:
+	if c.push(f, false) != nil {
 		c.queued.Add(-1)
 		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
-		c.log.Warn("remoting: closing connection: write queue full", "frames", cap(c.wq))
+		c.log.Debug("remoting: closing connection: write queue full", "frames", c.cfg.writeQueue)
 		c.shutdown(ErrWriteQueueFull)
 		return c.closedErr()
+	}
+	return nil
+}
+
+// closedRoom is returned by push when the queue is full and the caller
+// does not wait.
+var closedRoom = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+// push hands f, counted in queued and queuedB, to the socket: it writes f
+// at once when it can (directly), else appends it to the write queue and
+// wakes the writer. When the queue is full it returns a channel closed once
+// there is room (wait) or a closed channel (!wait), having done nothing.
+//
+// A direct write needs a plain TCP connection whose write side is free,
+// an empty queue (frames queued earlier go first) and no sign that more
+// frames follow soon (moreFramesLikely): when they do, the writer coalesces
+// them into one socket write instead.
+func (c *Conn) push(f outFrame, wait bool) (room chan struct{}) {
+	c.wq.Lock()
+	if c.sock != nil && !c.wq.writing && len(c.wq.frames) == 0 && !c.moreFramesLikely() {
+		c.wq.writing = true
+		c.wq.Unlock()
+		c.writeDirect(f)
+		return nil
+	}
+	if len(c.wq.frames) >= c.cfg.writeQueue {
+		if !wait {
+			c.wq.Unlock()
+			return closedRoom
+		}
+		if c.wq.room == nil {
+			c.wq.room = make(chan struct{})
+		}
+		room = c.wq.room
+		c.wq.Unlock()
+		return room
+	}
+	c.wq.frames = append(c.wq.frames, f)
+	c.wq.Unlock()
+	c.kick()
+	return nil
+}
+
+// kick wakes the writer.
+func (c *Conn) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// writeDirect writes f on the calling goroutine, which owns the write side
+// (wq.writing), without waiting: what the socket does not take goes back
+// to the head of the queue for the writer.
+func (c *Conn) writeDirect(f outFrame) {
+	b := (*f.buf)[f.off:]
+	n, err := c.sock.write(b)
+	if err != nil {
+		c.wq.Lock()
+		c.wq.writing = false
+		c.wq.Unlock()
+		c.queued.Add(-1)
+		c.queuedB.Add(-int64(len(b)))
+		c.putBuf(f.buf)
+		if f.oneway {
+			<-c.onewaySem
+		}
+		c.shutdown(fmt.Errorf("remoting: write: %w", err))
+		return
+	}
+	if n == len(b) {
+		c.wrote(f, len(b))
+		c.queued.Add(-1)
+		c.wq.Lock()
+		c.wq.writing = false
+		more := len(c.wq.frames) > 0
+		c.wq.Unlock()
+		if more {
+			c.kick()
+		}
+		return
+	}
+	c.queuedB.Add(-int64(n))
+	c.framesOutPartial(n)
+	f.off += n
+	c.wq.Lock()
+	c.wq.frames = slices.Insert(c.wq.frames, 0, f)
+	c.wq.writing = false
+	c.wq.Unlock()
+	c.kick()
+}
+
+// framesOutPartial counts n bytes of a frame written before the rest.
+func (c *Conn) framesOutPartial(n int) {
+	c.bytes.Add(int64(n))
+}
+
+// wrote accounts for the frame f whose last n bytes were just handed to
+// the socket (or its buffer): counters, hooks, its buffer and oneway slot.
+func (c *Conn) wrote(f outFrame, n int) {
+	c.queuedB.Add(-int64(n))
+	c.framesOut.Add(1)
+	c.bytes.Add(int64(n))
+	if len(c.hooks.written) > 0 {
+		size := len(*f.buf)
+		for _, h := range c.hooks.written {
+			h.OnFrameWritten(c, size)
+		}
+	}
+	c.putBuf(f.buf)
+	if f.oneway {
+		<-c.onewaySem
 	}
 }
 
@@ -750,56 +916,18 @@ func (c *Conn) writeResponse(req, resp *protocol.Command) error {
 	return c.tryEnqueue(outFrame{buf: bp})
 }
 
-// writeLoop drains the write queue, coalescing whatever is queued into one
-// buffered write per batch.
+// writeLoop writes the frames queued, whenever woken, until the
+// connection closes.
 func (c *Conn) writeLoop() {
-	bw := bufio.NewWriterSize(c.nc, writeBufSize)
 	for {
-		var f outFrame
 		select {
-		case f = <-c.wq:
+		case <-c.wake:
 		case <-c.quit:
 			return
 		}
-		if c.cfg.writeTimeout > 0 {
-			_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout)) // fails only once closed; the write then fails
-		}
-		n := 0
-		yielded := false
-		var err error
-	batch:
-		for {
-			err = c.writeFrame(bw, f)
-			n++
-			if err != nil || n == maxBatch {
-				break
-			}
-			select {
-			case f = <-c.wq:
-				continue
-			default:
-			}
-			// The queue is empty. When more frames are likely soon, let the
-			// goroutines producing them run once before paying a write
-			// syscall for what is buffered.
-			if yielded || !c.moreFramesLikely() {
-				break
-			}
-			yielded = true
-			runtime.Gosched()
-			select {
-			case f = <-c.wq:
-			default:
-				break batch
-			}
-		}
-		if err == nil {
-			err = bw.Flush()
-		}
-		c.queued.Add(-int64(n))
-		if err != nil {
+		if err := c.drain(); err != nil {
 			if isTimeout(err) {
-				c.log.Warn("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
+				c.log.Debug("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
 			}
 			c.shutdown(fmt.Errorf("remoting: write: %w", err))
 			return
@@ -807,27 +935,100 @@ func (c *Conn) writeLoop() {
 	}
 }
 
+// drain writes the queued frames, batch after batch, until the queue is
+// empty or a direct writer owns the write side (it kicks the writer when
+// it leaves frames behind). A batch goes through a pooled bufio.Writer,
+// held only while draining, in as few socket writes as it fits.
+func (c *Conn) drain() error {
+	var bw *bufio.Writer
+	defer func() {
+		if bw != nil {
+			putWriter(bw)
+		}
+	}()
+	for {
+		c.wq.Lock()
+		if c.wq.writing || len(c.wq.frames) == 0 {
+			c.wq.Unlock()
+			return nil
+		}
+		batch := c.take1()
+		c.wq.writing = true
+		c.wq.Unlock()
+		if bw == nil {
+			bw = getWriter(c.nc)
+		}
+		if c.cfg.writeTimeout > 0 {
+			_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout)) // fails only once closed; the write then fails
+		}
+		batch, err := c.writeBatch(bw, batch)
+		c.wq.Lock()
+		c.wq.writing = false
+		if cap(batch) <= maxSpareFrames && c.wq.spare == nil {
+			c.wq.spare = batch[:0]
+		}
+		c.wq.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// take1 takes the queued frames for writing, leaving an empty queue.
+// Requires c.wq.
+func (c *Conn) take1() []outFrame {
+	batch := c.wq.frames
+	c.wq.frames, c.wq.spare = c.wq.spare, nil
+	if c.wq.room != nil {
+		close(c.wq.room)
+		c.wq.room = nil
+	}
+	return batch
+}
+
+// writeBatch writes batch and flushes. When more frames are likely soon it
+// first lets the goroutines producing them run once and writes what they
+// queued in the same flush. It returns the (cleared) slice last used.
+func (c *Conn) writeBatch(bw *bufio.Writer, batch []outFrame) ([]outFrame, error) {
+	var err error
+	n := 0
+	for yielded := false; ; yielded = true {
+		for i := range batch {
+			if err == nil {
+				b := (*batch[i].buf)[batch[i].off:]
+				_, err = bw.Write(b)
+				c.wrote(batch[i], len(b))
+			} else {
+				c.putBuf(batch[i].buf)
+			}
+		}
+		n += len(batch)
+		clear(batch)
+		if err != nil || yielded || !c.moreFramesLikely() {
+			break
+		}
+		runtime.Gosched()
+		c.wq.Lock()
+		if len(c.wq.frames) == 0 {
+			c.wq.Unlock()
+			break
+		}
+		c.wq.spare = batch[:0]
+		batch = c.take1()
+		c.wq.Unlock()
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	c.queued.Add(-int64(n))
+	return batch, err
+}
+
 // moreFramesLikely reports whether frames other than those being written
 // are on their way: other requests being served (their responses), or
 // calls awaiting responses (callers pipelining requests).
 func (c *Conn) moreFramesLikely() bool {
 	return c.handling.Load() > 1 || c.inflight.Load() > 1
-}
-
-func (c *Conn) writeFrame(bw *bufio.Writer, f outFrame) error {
-	b := *f.buf
-	c.queuedB.Add(-int64(len(b)))
-	_, err := bw.Write(b)
-	c.framesOut.Add(1)
-	c.bytes.Add(int64(len(b)))
-	for _, h := range c.hooks.written {
-		h.OnFrameWritten(c, len(b))
-	}
-	c.putBuf(f.buf)
-	if f.oneway {
-		<-c.onewaySem
-	}
-	return err
 }
 
 // countingReader counts bytes read from the socket.
@@ -840,8 +1041,19 @@ func (r countingReader) Read(p []byte) (int, error) {
 }
 
 // readLoop reads frames until the connection fails, and returns the cause.
+//
+// On a plain TCP connection the read buffer is held only while bytes are
+// buffered or a frame is arriving: when a frame ends the buffer empty, the
+// buffer goes back to its pool and the reader waits for the socket to have
+// bytes (sock.waitReadable) before taking one again, so that an idle
+// connection holds none.
 func (c *Conn) readLoop() error {
-	br := bufio.NewReaderSize(countingReader{c}, readBufSize)
+	var br *bufio.Reader
+	defer func() {
+		if br != nil {
+			putReader(br)
+		}
+	}()
 	// The read deadline is pushed forward only when it has aged by a
 	// sixteenth of the idle timeout, sparing a syscall-side timer update per
 	// frame: a peer thus gets between 15/16 and all of the idle timeout.
@@ -853,6 +1065,18 @@ func (c *Conn) readLoop() error {
 				_ = c.nc.SetReadDeadline(now.Add(idle)) // fails only once closed; the read then fails
 				deadlineSet = now
 			}
+		}
+		if c.sock != nil && (br == nil || br.Buffered() == 0) {
+			if br != nil {
+				putReader(br)
+				br = nil
+			}
+			if err := c.sock.waitReadable(); err != nil {
+				return c.readError(err)
+			}
+		}
+		if br == nil {
+			br = getReader(countingReader{c})
 		}
 		cmd, err := protocol.ReadFrame(br, c.cfg.maxFrame)
 		if err != nil {
