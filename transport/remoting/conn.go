@@ -180,12 +180,12 @@ type Conn struct {
 	// sock, for a plain TCP connection, does the direct writes and lets
 	// the reader wait for bytes without holding a read buffer; nil
 	// otherwise.
-	sock *sock
-	work chan *protocol.Command // unbuffered: hands a request to a parked worker
-	idle       atomic.Int32           // parked workers
-	quit       chan struct{}
-	closeOnce  sync.Once
-	wg         sync.WaitGroup
+	sock      *sock
+	work      chan *protocol.Command // unbuffered: hands a request to a parked worker
+	idle      atomic.Int32           // parked workers
+	quit      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 
 	bufs  sync.Pool // *[]byte encode buffers
 	calls sync.Pool // *call for sync Invoke
@@ -196,6 +196,10 @@ type Conn struct {
 
 	inflight, dropped, rejected         atomic.Int64
 	framesIn, framesOut, bytesIn, bytes atomic.Int64
+	cut                                 atomic.Int64 // direct writes the socket took only part of
+	// onCut, if set (by tests), runs when a direct write was cut short,
+	// before the rest is queued.
+	onCut func()
 }
 
 // Dial connects to addr ("host:port") over TCP, or TLS with WithTLSConfig,
@@ -682,18 +686,17 @@ func (c *Conn) writeDirect(f outFrame) {
 		return
 	}
 	c.queuedB.Add(-int64(n))
-	c.framesOutPartial(n)
+	c.bytes.Add(int64(n))
+	c.cut.Add(1)
+	if c.onCut != nil {
+		c.onCut()
+	}
 	f.off += n
 	c.wq.Lock()
 	c.wq.frames = slices.Insert(c.wq.frames, 0, f)
 	c.wq.writing = false
 	c.wq.Unlock()
 	c.kick()
-}
-
-// framesOutPartial counts n bytes of a frame written before the rest.
-func (c *Conn) framesOutPartial(n int) {
-	c.bytes.Add(int64(n))
 }
 
 // wrote accounts for the frame f whose last n bytes were just handed to

@@ -30,6 +30,12 @@
 // for its bytes plus the decoded Command), one writer goroutine (drains a
 // bounded queue, coalescing queued frames into one buffered write per batch),
 // and at most WithMaxConcurrentHandlers goroutines running incoming requests.
+// On a plain TCP connection a frame sent while nothing is queued or in flight
+// skips the writer: the sending goroutine writes it without waiting (what the
+// socket does not take is queued, at the head, for the writer). The bufio
+// buffers are pooled: a connection holds its write buffer while its writer
+// drains and, on plain TCP, its read buffer while bytes are arriving, so an
+// idle connection holds neither.
 // Every one of them is joined: by Conn.Close, or for server connections by
 // Server.Close/Shutdown. Every queue is bounded:
 //
@@ -66,7 +72,11 @@
 //     Conn.handling counts server requests neither returned nor (if deferred)
 //     answered; Respond queues before decrementing handling, so Shutdown,
 //     which closes a connection when both are zero, never loses a response.
-//   - Locks are never nested: Server.mu, Conn.mu, controls.mu and the
+//   - The socket's write side has one owner at a time (Conn.wq.writing,
+//     under Conn.wq's lock): a direct write happens only when the queue is
+//     empty and the side free, so frames a goroutine sent earlier are
+//     always written before its later ones.
+//   - Locks are never nested: Server.mu, Conn.mu, Conn.wq, controls.mu and the
 //     ServerConn values lock each guard their own fields, and nothing runs
 //     callbacks (InvokeAsync callbacks, hooks, OnConnect/OnDisconnect) or
 //     Conn.shutdown while holding one.

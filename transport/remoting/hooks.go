@@ -15,8 +15,9 @@ type HookFrameRead interface {
 	OnFrameRead(c *Conn, cmd *protocol.Command)
 }
 
-// HookFrameWritten is called on the writer goroutine for every frame handed
-// to the socket, with its size in bytes (length word included).
+// HookFrameWritten is called for every frame handed to the socket, with its
+// size in bytes (length word included), on the goroutine that wrote it: the
+// writer goroutine, or the one that sent the frame when it wrote it directly.
 type HookFrameWritten interface {
 	OnFrameWritten(c *Conn, bytes int)
 }

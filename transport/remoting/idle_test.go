@@ -1,0 +1,68 @@
+package remoting
+
+import (
+	"bufio"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// TestIdleConnHeap opens 1,000 connections to a Server, has each send one
+// request and read its answer, and measures the live heap they hold once
+// idle: the Server's side of each (ServerConn, its reader and writer, its
+// queue) plus the test's bare net.Conn. Read and write buffers are pooled
+// and the write queue grows on demand, so an idle connection must hold a
+// few KiB, not the 32 KiB read buffer, 32 KiB write buffer and 64 KiB
+// write-queue channel it used to (about 135 KiB). The figure is logged.
+func TestIdleConnHeap(t *testing.T) {
+	const conns = 1000
+	_, addr := newTestServer(t, WithMaxConnsPerIP(0))
+	frame, err := echoReq(1).AppendFrame(nil, protocol.SerializeJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := liveHeap()
+	ncs := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, nc := range ncs {
+			_ = nc.Close()
+		}
+	}()
+	for range conns {
+		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		ncs = append(ncs, nc)
+		if _, err := nc.Write(frame); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := protocol.ReadFrame(bufio.NewReaderSize(nc, 256), 1<<20)
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if err := checkEcho(resp, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := liveHeap()
+	per := (float64(after) - float64(before)) / conns
+	t.Logf("live heap: %.1f MiB before, %.1f MiB with %d idle connections: %.1f KiB per connection (server side and the test's net.Conn)",
+		float64(before)/(1<<20), float64(after)/(1<<20), conns, per/1024)
+	if per > 16<<10 {
+		t.Errorf("%.1f KiB of live heap per idle connection, want at most 16 KiB", per/1024)
+	}
+}
+
+// liveHeap returns the live heap after a full collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
