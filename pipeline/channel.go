@@ -33,6 +33,8 @@ type message[R any] struct {
 	id    uint64
 	wm    int64
 	batch *[]R
+	// traces lists the batch's traced records (hooks.go), nil when none.
+	traces []tracedAt
 }
 
 // ring is a fixed-capacity FIFO of messages.

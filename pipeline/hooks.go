@@ -18,7 +18,12 @@ import (
 // the task (Map, Filter, FlatMap, each as a child span) and across the
 // channel to sink tasks, whose Write gets the record's context (so a sink
 // that sends to a broker with a hooked client propagates it into the output
-// message). Records crossing a keyed exchange (KeyBy) are not followed yet.
+// message). A traced record crossing a keyed exchange (KeyBy) keeps its
+// trace: the keyed operator's handler (Process, Reduce, Aggregate, a window
+// operator adding the record) runs in an operator span, and the records it
+// emits for it carry the trace on to the operators chained after it and to
+// sinks. Records a timer emits (window firings, OnTimer) are not traced.
+// Every operator span of a record is a child of its receive span.
 func Hooks(hooks ...runtime.Hook) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.obs.hooks = append(c.obs.hooks, hooks...) })
 }
@@ -206,6 +211,49 @@ func (in *inbox[R]) addBlocked(sender int, start time.Time) {
 func (st *sinkTask[T]) writeTraced(ctx context.Context, r *rec[T]) error {
 	octx, end := r.tr.StartOperator(r.tr.Context(ctx), st.uid, kindSink)
 	err := callErr(octx, sinkRetry, st.sk.Write, octx, r.v)
+	end(err)
+	return err
+}
+
+// tracedAt is a traced record of a batch crossing a keyed exchange: its
+// index in the batch and its trace. A batch carries them in a list next to
+// it (message.traces), nil unless a record of the batch is traced, so that
+// untraced records pay nothing for tracing on the keyed path.
+type tracedAt struct {
+	i  int
+	tr runtime.RecordTrace
+}
+
+// noteTrace notes that the record at index i of the batch for subtask sub
+// carries the sending task's current trace.
+func (p *keyedPort[K, T]) noteTrace(sub, i int) {
+	if p.trs == nil {
+		p.trs = make([][]tracedAt, len(p.ins))
+	}
+	p.trs[sub] = append(p.trs[sub], tracedAt{i: i, tr: p.meta.trace})
+}
+
+// takeTraces hands over the traced records of subtask sub's batch, which is
+// being sent.
+func (p *keyedPort[K, T]) takeTraces(sub int) []tracedAt {
+	if p.trs == nil {
+		return nil
+	}
+	t := p.trs[sub]
+	p.trs[sub] = nil
+	return t
+}
+
+// processTraced runs the keyed function for a traced record: in the
+// record's operator span, with the span's context as KeyedContext.Context,
+// and with the record's trace as the task's current one, so that what the
+// function emits for it carries the trace on.
+func (kt *keyedTask[K, T, U]) processTraced(ctx context.Context, tr runtime.RecordTrace, process func(*KeyedContext[K, U], T) error, v T) error {
+	rctx := tr.Context(ctx)
+	octx, end := tr.StartOperator(rctx, kt.n.uid, kt.n.kind)
+	kt.b.meta.trace, kt.kctx.ctx, kt.kctx.uctx = tr, rctx, octx
+	err := callErr(ctx, kt.n.retry, process, kt.kctx, v)
+	kt.b.meta.trace, kt.kctx.ctx, kt.kctx.uctx = nil, ctx, ctx
 	end(err)
 	return err
 }

@@ -96,6 +96,8 @@ type keyedPort[K comparable, T any] struct {
 	codec   Codec[K]
 	maxP    int
 	scratch []byte
+	meta    *recMeta     // the sending task's current record (its trace)
+	trs     [][]tracedAt // per subtask, the open batch's traced records (hooks.go); nil until one is
 }
 
 func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
@@ -116,9 +118,12 @@ func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
 		p.bufs[sub] = b
 	}
 	*b = append(*b, krec[K, T]{k: k, v: v, ts: ts, kg: kg})
+	if p.meta.trace != nil {
+		p.noteTrace(sub, len(*b)-1) // hooks.go
+	}
 	if len(*b) >= batchSize {
 		p.bufs[sub] = nil
-		return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b})
+		return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, traces: p.takeTraces(sub)})
 	}
 	return nil
 }
@@ -129,7 +134,7 @@ func (p *keyedPort[K, T]) flush(ctx context.Context) error {
 			continue
 		}
 		p.bufs[i] = nil
-		if err := p.ins[i].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b}); err != nil {
+		if err := p.ins[i].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, traces: p.takeTraces(i)}); err != nil {
 			return err
 		}
 	}
@@ -194,7 +199,8 @@ func (o *OpenContext) Logger() *slog.Logger { return o.log }
 // KeyedContext is given to ProcessElement and OnTimer. It is valid only
 // during the call.
 type KeyedContext[K comparable, U any] struct {
-	ctx     context.Context
+	ctx     context.Context // for emits: the task's, or the traced record's context
+	uctx    context.Context // Context: ctx, or the traced record's operator span (hooks.go)
 	key     K
 	ts      int64
 	wm      int64
@@ -206,8 +212,9 @@ type KeyedContext[K comparable, U any] struct {
 	out     *counter
 }
 
-// Context returns the task's context (cancelled when the job fails).
-func (c *KeyedContext[K, U]) Context() context.Context { return c.ctx }
+// Context returns the task's context (cancelled when the job fails); for a
+// traced record it carries the record's operator span (see Hooks).
+func (c *KeyedContext[K, U]) Context() context.Context { return c.uctx }
 
 // Key returns the current key.
 func (c *KeyedContext[K, U]) Key() K { return c.key }
@@ -430,7 +437,7 @@ func (r *reduceFunc[K, T]) ProcessElement(ctx *KeyedContext[K, T], v T) error {
 		return err
 	}
 	if ok {
-		if v, err = r.fn(ctx.ctx, acc, v); err != nil {
+		if v, err = r.fn(ctx.uctx, acc, v); err != nil {
 			return err
 		}
 	}
@@ -526,7 +533,7 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 			return nil, err
 		}
 		p := &keyedPort[K, T]{ins: ins, sender: s, pool: pool, bufs: make([]*[]krec[K, T], len(ins)),
-			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism}
+			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism, meta: &b.meta}
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
 	}
@@ -616,7 +623,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		}()
 	}
 	cnt := kt.b.counter(kt.n)
-	kt.kctx = &KeyedContext[K, U]{ctx: ctx, wm: restoredWM, emit: kt.emit, timers: kt.timers, backend: kt.backend,
+	kt.kctx = &KeyedContext[K, U]{ctx: ctx, uctx: ctx, wm: restoredWM, emit: kt.emit, timers: kt.timers, backend: kt.backend,
 		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt}
 	process := kt.fn.ProcessElement
 	kt.onTimer = kt.fn.OnTimer
@@ -731,7 +738,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		}
 		switch m.kind {
 		case msgData:
-			batch := *m.batch
+			batch, traces := *m.batch, m.traces
 			for i := range batch {
 				r := &batch[i]
 				kb, err := kt.codec.Append(kt.scratch[:0], r.k)
@@ -742,7 +749,13 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 				kt.backend.SetCurrentKeyGroup(kb, r.kg)
 				kt.kctx.key, kt.kctx.ts = r.k, r.ts
 				cnt.in++
-				if err := callErr(ctx, kt.n.retry, process, kt.kctx, r.v); err != nil {
+				if len(traces) > 0 && traces[0].i == i {
+					err = kt.processTraced(ctx, traces[0].tr, process, r.v) // hooks.go
+					traces = traces[1:]
+				} else {
+					err = callErr(ctx, kt.n.retry, process, kt.kctx, r.v)
+				}
+				if err != nil {
 					if err := kt.reject(ctx, err, r.v, r.ts); err != nil {
 						return err
 					}
