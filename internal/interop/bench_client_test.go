@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,10 +89,14 @@ func sendWindow(b *testing.B, inflight int, send func(i int, done func(error))) 
 	}
 }
 
-// measure reports msgs/s and allocs/msg (unrounded, unlike allocs/op,
-// which rounds to an integer) of a benchmark loop.
+// measure reports msgs/s, allocs/msg (unrounded, unlike allocs/op, which
+// rounds to an integer) and cpu-us/msg of a benchmark loop. cpu-us/msg is
+// the process's CPU time (client and broker together) per message: steadier
+// than msgs/s on a shared machine, where the wall-clock figures of a
+// one-in-flight loop are mostly scheduling delay.
 type measure struct {
 	start   time.Time
+	cpu     time.Duration
 	mallocs uint64
 }
 
@@ -100,16 +105,27 @@ func startMeasure(b *testing.B) measure {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ResetTimer()
-	return measure{start: time.Now(), mallocs: ms.Mallocs}
+	return measure{start: time.Now(), cpu: processCPU(), mallocs: ms.Mallocs}
 }
 
 func (m measure) stop(b *testing.B, msgs int64) {
 	elapsed := time.Since(m.start)
+	cpu := processCPU() - m.cpu
 	b.StopTimer()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(msgs)/elapsed.Seconds(), "msgs/s")
 	b.ReportMetric(float64(ms.Mallocs-m.mallocs)/float64(msgs), "allocs/msg")
+	b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(msgs), "cpu-us/msg")
+}
+
+// processCPU returns the CPU time (user and system) this process used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func produceClientRunnel(b *testing.B, p *client.Producer, topic string, body []byte, inflight int) {

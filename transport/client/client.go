@@ -557,18 +557,62 @@ func (c *Client) requestCtx(ctx context.Context) (context.Context, context.Cance
 // Without a ctx deadline the request timeout applies. req may be reused
 // once invoke returns.
 func (c *Client) invoke(ctx context.Context, addr string, req *protocol.Command) (*protocol.Command, error) {
-	ctx, cancel := c.requestCtx(ctx)
-	defer cancel()
-	cn, err := c.conn(ctx, addr)
-	if err != nil {
-		return nil, err
+	var timeout time.Duration
+	if _, ok := ctx.Deadline(); !ok {
+		timeout = c.cfg.requestTimeout
+	}
+	return c.invokeTimeout(ctx, addr, req, timeout)
+}
+
+// invokeTimeout is invoke bounded by ctx and, when timeout > 0, by timeout
+// from now, whichever ends first. On an open connection the timeout is
+// enforced by the connection's own timer (remoting.Conn.InvokeTimeout),
+// sparing a context.WithTimeout and its timer per request; a dial, when
+// needed, is bounded by a ctx with the timeout.
+func (c *Client) invokeTimeout(ctx context.Context, addr string, req *protocol.Command, timeout time.Duration) (*protocol.Command, error) {
+	cn := c.openConn(addr)
+	if cn == nil {
+		start := time.Now()
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		var err error
+		cn, err = c.conn(cctx, addr)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if timeout > 0 {
+			timeout = max(timeout-time.Since(start), time.Nanosecond)
+		}
 	}
 	c.sign(req)
-	resp, err := cn.Invoke(ctx, req)
+	resp, err := cn.InvokeTimeout(ctx, req, timeout)
 	if err != nil {
 		return nil, &sentError{addr: addr, err: err}
 	}
 	return resp, nil
+}
+
+// openConn returns the open connection to addr, or nil when there is none
+// (conn dials it).
+func (c *Client) openConn(addr string) *remoting.Conn {
+	c.conns.Lock()
+	defer c.conns.Unlock()
+	if c.conns.closed {
+		return nil
+	}
+	s := c.conns.m[addr]
+	if s == nil || s.conn == nil {
+		return nil
+	}
+	select {
+	case <-s.conn.Done():
+		return nil
+	default:
+		return s.conn
+	}
 }
 
 // invokeOneway sends req to addr with the oneway bit: no response comes.

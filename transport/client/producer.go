@@ -437,15 +437,6 @@ func (p *Producer) attemptTimeout(ctx context.Context) time.Duration {
 	return d
 }
 
-// attemptCtx bounds ctx by the attempt timeout, for synchronous attempts.
-func (p *Producer) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := p.attemptTimeout(ctx)
-	if d == 0 {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, d)
-}
-
 // sendSync runs the attempts of a synchronous send. half restricts retries
 // to failures after which the message surely was not stored.
 func (p *Producer) sendSync(ctx context.Context, ob *outbound, half bool) (SendResult, error) {
@@ -489,10 +480,8 @@ func (p *Producer) sendSync(ctx context.Context, ob *outbound, half bool) (SendR
 // attempt sends ob to queue q at addr once.
 func (p *Producer) attempt(ctx context.Context, ob *outbound, q protocol.MessageQueue, addr string) (SendResult, error) {
 	cmd := p.buildCmd(ob, q)
-	actx, cancel := p.attemptCtx(ctx)
 	start := time.Now()
-	resp, err := p.c.invoke(actx, addr, cmd)
-	cancel()
+	resp, err := p.c.invokeTimeout(ctx, addr, cmd, p.attemptTimeout(ctx))
 	p.putCmd(cmd)
 	lat := time.Since(start)
 	if err != nil {

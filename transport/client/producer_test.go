@@ -337,9 +337,15 @@ func TestProducerMaybeApplied(t *testing.T) {
 		t.Fatalf("silent broker: %v (MaybeApplied %v)", err, MaybeApplied(err))
 	}
 	// With retries, an unsure first attempt keeps the final error unsure.
+	// Each attempt ends at the send timeout (enforced by the connection's
+	// timer, the ctx having no deadline that early).
 	p2 := newProducer(t, c, "pg2", WithRetries(1), WithSendTimeout(200*time.Millisecond))
-	if _, err := p2.Send(ctx, &Message{Topic: "T", Body: []byte("x")}); !MaybeApplied(err) {
+	start := time.Now()
+	if _, err := p2.Send(ctx, &Message{Topic: "T", Body: []byte("x")}); !MaybeApplied(err) || !errors.Is(err, remoting.ErrTimeout) {
 		t.Fatalf("retried silent broker: %v", err)
+	}
+	if el := time.Since(start); el < 400*time.Millisecond || el > 3*time.Second {
+		t.Fatalf("two attempts of 200ms took %v", el)
 	}
 	// Refused connection: surely not applied.
 	dead := deadAddr(t)

@@ -744,12 +744,31 @@ func callErr(req *protocol.Command, err error) error {
 // response is dropped and counted. If the connection closes first the error
 // wraps ErrConnClosed. The response is owned by the caller.
 func (c *Conn) Invoke(ctx context.Context, req *protocol.Command) (*protocol.Command, error) {
+	return c.invoke(ctx, req, time.Time{})
+}
+
+// InvokeTimeout is Invoke with a timeout the Conn enforces itself: when no
+// response arrived within timeout of the call, it returns an error wrapping
+// ErrTimeout. As InvokeAsyncTimeout, it spares the per-call
+// context.WithTimeout and its timer: the Conn's one sweep timer serves every
+// such call, and fires up to a few milliseconds after a deadline. ctx still
+// bounds the call (whichever ends first wins); timeout <= 0 means none.
+func (c *Conn) InvokeTimeout(ctx context.Context, req *protocol.Command, timeout time.Duration) (*protocol.Command, error) {
+	var dl time.Time
+	if timeout > 0 {
+		dl = time.Now().Add(timeout)
+	}
+	return c.invoke(ctx, req, dl)
+}
+
+func (c *Conn) invoke(ctx context.Context, req *protocol.Command, deadline time.Time) (*protocol.Command, error) {
 	if ctx.Err() != nil {
 		return nil, callErr(req, ctxErr(ctx))
 	}
 	req.Flag &^= protocol.FlagResponse | protocol.FlagOneway
 	c.stamp(req)
 	cl := c.calls.Get().(*call)
+	cl.deadline = deadline
 	if err := c.register(req, cl); err != nil {
 		c.calls.Put(cl)
 		return nil, callErr(req, err)
