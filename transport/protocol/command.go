@@ -39,6 +39,11 @@ const inlineExt = 16
 // send response about 7).
 const inlineRespExt = 8
 
+// inlineRespArena is the arena (see Command.arena) a Command built by
+// NewResponse holds without another allocation: a send response's queue
+// offset and IPv4 message id, or a pull response's three offsets, fit.
+const inlineRespArena = 64
+
 // lazyMaxExt is the most extFields a decoded ROCKETMQ binary header keeps
 // unsplit (see Command.rawN); a header with more is split at once, so that
 // ExtAt, which walks an unsplit section, stays cheap.
@@ -90,7 +95,8 @@ func (c *Command) setRaw(b []byte, n int) {
 func (c *Command) clearRaw() { c.rawPtr, c.rawLen, c.rawN = nil, 0, 0 }
 
 // commandExt is a Command allocated together with storage for inlineExt
-// extFields; commandRespExt with inlineRespExt.
+// extFields; commandRespExt with inlineRespExt and an inlineRespArena-byte
+// arena (448 bytes in all).
 type (
 	commandExt struct {
 		Command
@@ -98,7 +104,8 @@ type (
 	}
 	commandRespExt struct {
 		Command
-		buf [inlineRespExt]ExtField
+		buf   [inlineRespExt]ExtField
+		arena [inlineRespArena]byte
 	}
 )
 
@@ -124,6 +131,7 @@ func NewResponse(req *Command, code int32, remark string) *Command {
 	ce := new(commandRespExt)
 	c := &ce.Command
 	c.ext = ce.buf[:0]
+	c.arena = ce.arena[:0]
 	c.Code, c.Opaque, c.Flag, c.Remark = code, req.Opaque, FlagResponse, remark
 	return c
 }
