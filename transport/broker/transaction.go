@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -58,6 +59,22 @@ import (
 // check is retried next round, so a producer that is down for a while does
 // not lose its transactions. The progress only moves over a contiguous run
 // of ended half messages, so a restart never skips a pending one.
+//
+// # Fast paths
+//
+// END_TRANSACTION needs the half message and its outcome so far. Both have
+// a store path (the physical index and the message; the op record's key
+// index) and an in-memory path for half messages this broker process
+// stored itself, the common case:
+//   - the record of each half message stored since the broker started is
+//     kept (a copy, as stored: offsets and store time patched) until the
+//     half message ends, within halfCacheBytes; a record not kept is read
+//     from the store;
+//   - every outcome of a half message at or above pendingFrom (the half
+//     queue's end when the broker started, or when the outcome cache last
+//     had room again) is in the outcome cache, so one missing from it is
+//     pending without looking for an op record. An outcome that does not
+//     fit in the cache turns this off until the checker's next prune.
 
 const (
 	// propTxState is the outcome an op record carries.
@@ -69,6 +86,11 @@ const (
 	// maxEndedCache bounds the in-memory record of recently ended half
 	// messages (beyond it the checker looks op records up in the store).
 	maxEndedCache = 1 << 20
+	// halfCacheBytes bounds the records of pending half messages kept in
+	// memory for END_TRANSACTION (beyond it they are read from the store).
+	halfCacheBytes = 32 << 20
+	// halfCacheMaxRecord is the largest record kept there.
+	halfCacheMaxRecord = 64 << 10
 	// checkSendTimeout bounds the queueing of one CHECK_TRANSACTION_STATE.
 	checkSendTimeout = 3 * time.Second
 )
@@ -166,6 +188,18 @@ type transactions struct {
 		// ended caches the outcome of half messages (by queue offset) at
 		// or above scanFrom, so the checker rarely reads op records.
 		ended map[int64]txState
+		// pendingFrom: every outcome of a half message at or above it
+		// (and at or above scanFrom) is in ended (math.MaxInt64: none
+		// known; see the file comment).
+		pendingFrom int64
+	}
+
+	// halves holds the records of half messages stored by this process
+	// and not ended yet (see the file comment).
+	halves struct {
+		sync.Mutex
+		recs  map[int64][]byte // by physical offset
+		bytes int
 	}
 }
 
@@ -173,7 +207,68 @@ func newTransactions(b *Broker) *transactions {
 	t := &transactions{b: b, log: b.log, cfg: b.cfg.tx}
 	t.mu.busy = make(map[int64]chan struct{})
 	t.mu.ended = make(map[int64]txState)
+	t.mu.pendingFrom = math.MaxInt64
+	t.halves.recs = make(map[int64][]byte)
 	return t
+}
+
+// ---- in-memory half messages ----
+
+// halfStored is called by the send path once a half message's store round
+// succeeded, with its record as stored (runs on the store's committer:
+// never blocks).
+func (t *transactions) halfStored(rec []byte, phys int64) {
+	t.prepared.Add(1)
+	if len(rec) > halfCacheMaxRecord {
+		return
+	}
+	t.halves.Lock()
+	defer t.halves.Unlock()
+	if t.halves.bytes+len(rec) > halfCacheBytes {
+		return // read from the store when it ends
+	}
+	if old, ok := t.halves.recs[phys]; ok {
+		t.halves.bytes -= len(old)
+	}
+	t.halves.recs[phys] = bytes.Clone(rec)
+	t.halves.bytes += len(rec)
+}
+
+// cachedHalf returns the kept record of the half message at phys.
+func (t *transactions) cachedHalf(phys int64) ([]byte, bool) {
+	t.halves.Lock()
+	defer t.halves.Unlock()
+	rec, ok := t.halves.recs[phys]
+	return rec, ok
+}
+
+// forgetHalf drops the kept record of an ended half message.
+func (t *transactions) forgetHalf(phys int64) {
+	t.halves.Lock()
+	defer t.halves.Unlock()
+	if rec, ok := t.halves.recs[phys]; ok {
+		t.halves.bytes -= len(rec)
+		delete(t.halves.recs, phys)
+	}
+}
+
+// trackPending turns the known-pending fast path on from the half queue's
+// current end (run at the checker's start and after a prune left the
+// outcome cache room again).
+func (t *transactions) trackPending() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.pendingFrom != math.MaxInt64 || len(t.mu.ended) >= maxEndedCache/2 {
+		return nil
+	}
+	// Read under t.mu: an outcome dropped from the cache (markEnded, under
+	// t.mu) is then either before this read or seen as a full cache here.
+	end, err := t.b.store.MaxOffset(topicTransHalf, 0)
+	if err != nil {
+		return err
+	}
+	t.mu.pendingFrom = end
+	return nil
 }
 
 // ---- send path ----
@@ -229,9 +324,14 @@ func (t *transactions) lock(ctx context.Context, phys int64) (func(), error) {
 func (t *transactions) markEnded(off int64, st txState) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if off >= t.scanFrom.Load() && len(t.mu.ended) < maxEndedCache {
-		t.mu.ended[off] = st
+	if off < t.scanFrom.Load() {
+		return
 	}
+	if len(t.mu.ended) < maxEndedCache {
+		t.mu.ended[off] = st
+		return
+	}
+	t.mu.pendingFrom = math.MaxInt64 // the cache no longer has every outcome
 }
 
 func opKey(off int64) string { return strconv.FormatInt(off, 10) }
@@ -240,9 +340,16 @@ func opKey(off int64) string { return strconv.FormatInt(off, 10) }
 func (t *transactions) state(off int64) (txState, error) {
 	t.mu.Lock()
 	st, ok := t.mu.ended[off]
+	// scanFrom is read under t.mu: prune moves it before it deletes
+	// outcomes below it (under t.mu), so an outcome missing here at or
+	// above the scanFrom read is not pruned but unknown, i.e. pending.
+	known := off >= t.mu.pendingFrom && off >= t.scanFrom.Load()
 	t.mu.Unlock()
 	if ok {
 		return st, nil
+	}
+	if known {
+		return txPending, nil
 	}
 	recs, err := t.b.store.QueryByKey(topicTransOpHalf, opKey(off), store.MaxQueryNum, 0, math.MaxInt64)
 	if err != nil {
@@ -281,7 +388,21 @@ func (t *transactions) opRecord(off int64, st txState) *InboundMessage {
 
 // findHalf returns the half message stored at physical offset phys.
 func (t *transactions) findHalf(phys int64) (protocol.MessageExt, error) {
-	m, _, err := t.b.lookupByPhysicalOffset(phys)
+	var m protocol.MessageExt
+	var err error
+	if rec, ok := t.cachedHalf(phys); ok {
+		m, _, err = protocol.DecodeRecord(rec)
+		if err == nil && m.CommitLogOffset != phys {
+			err = fmt.Errorf("broker: kept half message at %d says %d", phys, m.CommitLogOffset)
+		}
+		if err != nil {
+			t.forgetHalf(phys)
+			t.log.Error("broker: kept half message unusable; reading the store", "phys", phys, "err", err)
+			m, _, err = t.b.lookupByPhysicalOffset(phys)
+		}
+	} else {
+		m, _, err = t.b.lookupByPhysicalOffset(phys)
+	}
 	if err != nil {
 		return protocol.MessageExt{}, err
 	}
@@ -353,6 +474,7 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	switch {
 	case st == want, st == txDiscarded && want == txRolledBack:
 		t.markEnded(half.QueueOffset, st)
+		t.forgetHalf(h.CommitLogOffset)
 		return nil // repeated end: already done
 	case st != txPending:
 		return &protocol.Error{Code: protocol.ResSystemError,
@@ -365,6 +487,7 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 		}
 		t.rolledBack.Add(1)
 		t.markEnded(half.QueueOffset, want)
+		t.forgetHalf(h.CommitLogOffset)
 		return nil
 	}
 	final, err := finalMessage(&half, h.CommitLogOffset)
@@ -385,6 +508,7 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	}
 	t.committed.Add(1)
 	t.markEnded(half.QueueOffset, want)
+	t.forgetHalf(h.CommitLogOffset)
 	return nil
 }
 
@@ -461,6 +585,9 @@ func (t *transactions) putMetaInt(key []byte, v int64) error {
 // run checks back pending half messages every check interval until ctx
 // ends.
 func (t *transactions) run(ctx context.Context) {
+	if err := t.trackPending(); err != nil {
+		t.log.Warn("broker: cannot read the half queue's end (retried next round)", "err", err)
+	}
 	tk := time.NewTicker(t.cfg.checkInterval)
 	defer tk.Stop()
 	loaded := false
@@ -478,6 +605,9 @@ func (t *transactions) run(ctx context.Context) {
 			}
 			t.scanFrom.Store(p)
 			loaded = true
+		}
+		if err := t.trackPending(); err != nil {
+			t.log.Warn("broker: cannot read the half queue's end (retried next round)", "err", err)
 		}
 		if err := t.checkRound(ctx); err != nil && ctx.Err() == nil && t.b.running() {
 			t.log.Warn("broker: transaction check-back round failed; retrying", "err", err)
@@ -734,6 +864,7 @@ func (t *transactions) discard(ctx context.Context, m *protocol.MessageExt, coun
 	}
 	t.discarded.Add(1)
 	t.markEnded(m.QueueOffset, txDiscarded)
+	t.forgetHalf(m.CommitLogOffset)
 	t.log.Warn("broker: transactional half message discarded after the max check count",
 		"halfOffset", m.QueueOffset, "uniqKey", m.UniqKey(), "checks", count, "topic", topicTransCheckMax)
 	return nil

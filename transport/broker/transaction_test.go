@@ -647,3 +647,81 @@ func BenchmarkBrokerTransaction(b *testing.B) {
 		}
 	})
 }
+
+// TestBrokerTransactionKeptHalves: END_TRANSACTION reads half messages this
+// process stored from memory and knows an outcome missing from its cache
+// is pending; the final messages and answers are the same as through the
+// store (a half message whose record was not kept, or one stored before a
+// restart).
+func TestBrokerTransactionKeptHalves(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	dir := t.TempDir()
+	b := txBroker(t, dir, clk)
+	c := subDial(t, b, "producer-1")
+	kept := txSend(t, c, "txpg", "TxTopic", 1, "kept", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
+	read := txSend(t, c, "txpg", "TxTopic", 1, "read", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
+	beforeRestart := txSend(t, c, "txpg", "TxTopic", 1, "restart", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
+	if _, ok := b.tx.cachedHalf(kept.phys); !ok {
+		t.Fatal("a half message this process stored is not kept")
+	}
+	if rec, _ := b.tx.cachedHalf(kept.phys); len(rec) == 0 {
+		t.Fatal("empty kept record")
+	}
+	subEventually(t, 5*time.Second, func() error {
+		b.tx.mu.Lock()
+		defer b.tx.mu.Unlock()
+		if b.tx.mu.pendingFrom != 0 {
+			return fmt.Errorf("pendingFrom %d, want 0 (empty half queue at start)", b.tx.mu.pendingFrom)
+		}
+		return nil
+	})
+	b.tx.forgetHalf(read.phys) // as if the cache had been full
+	mustEnd(t, c, "txpg", kept, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", read, protocol.SysFlagTransactionCommit)
+	if _, ok := b.tx.cachedHalf(kept.phys); ok {
+		t.Error("the record of a committed half message is still kept")
+	}
+	// Repeats and contradictions are answered from the outcome cache.
+	mustEnd(t, c, "txpg", kept, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", kept, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit: %d %q", resp.Code, resp.Remark)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = txBroker(t, dir, clk)
+	c = subDial(t, b, "producer-2")
+	if _, ok := b.tx.cachedHalf(beforeRestart.phys); ok {
+		t.Fatal("a half message of an earlier process is kept")
+	}
+	// Before a restart: not kept, outcome looked up in the store.
+	mustEnd(t, c, "txpg", kept, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", beforeRestart, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", read, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
+	}
+	got := subMessages(t, b, "TxTopic", 1)
+	if len(got) != 3 {
+		t.Fatalf("TxTopic/1 holds %q, want kept, read, restart", bodies(got))
+	}
+	halves := subMessages(t, b, topicTransHalf, 0)
+	for i := range got {
+		m, h := &got[i], &halves[i]
+		if m.PreparedTransactionOffset != h.CommitLogOffset || m.Flag != h.Flag || m.BornTimestamp != h.BornTimestamp ||
+			m.BornHost != h.BornHost || m.ReconsumeTimes != h.ReconsumeTimes || string(m.Body) != string(h.Body) ||
+			protocol.TransactionType(m.SysFlag) != protocol.SysFlagTransactionCommit {
+			t.Errorf("final %d %+v does not match its half message %+v", i, m, h)
+		}
+		wantProps(t, m, protocol.PropTransactionPrepared, "", protocol.PropRealTopic, "", protocol.PropRealQueueID, "",
+			protocol.PropProducerGroup, "txpg", protocol.PropKeys, "k1", protocol.PropTags, "tx", protocol.PropDelayLevel, "0")
+		if i > 0 && (got[i].Properties != strings.Replace(got[0].Properties, uniqOf(&got[0]), uniqOf(&got[i]), -1)) {
+			t.Errorf("final %d properties %q differ from the kept path's %q beyond the ids", i, got[i].Properties, got[0].Properties)
+		}
+	}
+	if st := b.TransactionStats(); st.Committed != 1 {
+		t.Errorf("stats after restart %+v, want one commit", st)
+	}
+}
+
+func uniqOf(m *protocol.MessageExt) string { return m.UniqKey() }
