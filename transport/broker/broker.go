@@ -71,7 +71,9 @@ type extensions struct {
 	// %RETRY% topics and the first timer message.
 	beforeStore func(ctx context.Context, m *InboundMessage) error
 	// afterStore is told about stored messages of the send path (long-poll
-	// waiters are woken by the core).
+	// waiters are woken by the core). res.MsgID is empty (the single-message
+	// path does not build it for every message):
+	// protocol.OffsetMsgID(b.host, res.PhysicalOffset) is the id.
 	afterStore func(ctx context.Context, m *InboundMessage, res StoredResult)
 	// producerChannels returns the live connections that heartbeated for a
 	// producer group (transaction check-back picks one); nil func or an

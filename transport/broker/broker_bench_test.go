@@ -64,49 +64,72 @@ func BenchmarkBrokerSendPipelined(b *testing.B) {
 		name string
 		m    FlushMode
 	}{{"sync", FlushSync}, {"async", FlushAsync}} {
-		b.Run(mode.name+"/128B", func(b *testing.B) {
-			br := startBroker(b, WithFlushMode(mode.m))
-			c := dial(b, br.Addr())
-			body := make([]byte, 128)
-			p := props("TAGS", "TagA")
-			send(b, c, "BenchPipe", 0, body, p) // create the topic
-			const inFlight = 64
-			sem := make(chan struct{}, inFlight)
-			var wg sync.WaitGroup
-			var failed atomic.Int64
-			ctx := context.Background()
-			syncs0, rounds0 := br.store.Syncs(), br.store.Rounds()
-			cpu0 := cpuTime()
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				sem <- struct{}{}
-				wg.Add(1)
-				c.InvokeAsync(ctx, sendReq("BenchPipe", int32(i%4), body, p), func(resp *protocol.Command, err error) {
-					if err != nil || resp.Code != protocol.ResSuccess {
-						failed.Add(1)
-					}
-					<-sem
-					wg.Done()
-				})
+		for _, shape := range []string{"tags", "uniq"} {
+			b.Run(mode.name+"/128B/props="+shape, func(b *testing.B) {
+				benchSendPipelined(b, mode.m, shape == "uniq")
+			})
+		}
+	}
+}
+
+// benchSendPipelined is BenchmarkBrokerSendPipelined for one flush mode;
+// uniq makes every message carry its own UNIQ_KEY and nothing else, as the
+// official Go producer's do (so the broker adds only CLUSTER), instead of
+// TAGS (the broker adds UNIQ_KEY and CLUSTER).
+func benchSendPipelined(b *testing.B, mode FlushMode, uniq bool) {
+	br := startBroker(b, WithFlushMode(mode))
+	c := dial(b, br.Addr())
+	body := make([]byte, 128)
+	p := props("TAGS", "TagA")
+	send(b, c, "BenchPipe", 0, body, p) // create the topic
+	// A UNIQ_KEY of the official client's shape: 32 hex digits, the last
+	// 8 a counter.
+	var uniqBuf []byte
+	if uniq {
+		uniqBuf = []byte(props(protocol.PropUniqKey, "0A0000090001000000000000DEAD0000"))
+	}
+	const inFlight = 64
+	sem := make(chan struct{}, inFlight)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	ctx := context.Background()
+	syncs0, rounds0 := br.store.Syncs(), br.store.Rounds()
+	cpu0 := cpuTime()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		sem <- struct{}{}
+		wg.Add(1)
+		if uniq {
+			n := len(uniqBuf) - 1 // before the separator
+			for j, v := 0, uint32(i); j < 8; j, v = j+1, v>>4 {
+				uniqBuf[n-1-j] = "0123456789ABCDEF"[v&15]
 			}
-			wg.Wait()
-			b.StopTimer()
-			if n := failed.Load(); n > 0 {
-				b.Fatalf("%d sends failed", n)
+			p = string(uniqBuf)
+		}
+		c.InvokeAsync(ctx, sendReq("BenchPipe", int32(i%4), body, p), func(resp *protocol.Command, err error) {
+			if err != nil || resp.Code != protocol.ResSuccess {
+				failed.Add(1)
 			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
-			if n := br.store.Rounds() - rounds0; n > 0 {
-				b.ReportMetric(float64(b.N)/float64(n), "msgs/commit")
-			}
-			if mode.m == FlushSync {
-				if n := br.store.Syncs() - syncs0; n > 0 {
-					b.ReportMetric(float64(b.N)/float64(n), "msgs/fsync")
-				}
-			}
+			<-sem
+			wg.Done()
 		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d sends failed", n)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
+	if n := br.store.Rounds() - rounds0; n > 0 {
+		b.ReportMetric(float64(b.N)/float64(n), "msgs/commit")
+	}
+	if mode == FlushSync {
+		if n := br.store.Syncs() - syncs0; n > 0 {
+			b.ReportMetric(float64(b.N)/float64(n), "msgs/fsync")
+		}
 	}
 }
 
