@@ -321,8 +321,25 @@ func isTransactional(sysFlag int32, props string) bool {
 // by the store's committer once the round is durable (pendingSend), so
 // the goroutine serving the connection (its reader, processSendInline)
 // is free for the next request at once.
-func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, m *InboundMessage) (*protocol.Command, error) {
+func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, tmpl *InboundMessage) (*protocol.Command, error) {
+	// The message lives in the pooled pendingSend from here on, so that the
+	// hooks' pointer to it does not move the caller's template to the heap.
+	p := b.sends.Get().(*pendingSend)
+	p.m = *tmpl
+	resp, err := b.prepareOne(ctx, rc, p)
+	if resp != nil || err != nil {
+		p.release()
+	}
+	return resp, err
+}
+
+// prepareOne is sendOne with the message in p.m: it completes, checks and
+// rewrites it, then hands it to the store, deferring the request (nil, nil;
+// p then belongs to the store round, or was released), or answers (p is
+// the caller's to release).
+func (b *Broker) prepareOne(ctx context.Context, rc *remoting.RequestCtx, p *pendingSend) (*protocol.Command, error) {
 	req := rc.Request()
+	m := &p.m
 	props, uniq := b.completeProperties(m.Properties)
 	if len(props) > protocol.MaxPropertiesLength {
 		return respond(req, protocol.ResMessageIllegal, "message properties longer than 32767 after the broker's additions"), nil
@@ -358,14 +375,12 @@ func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, m *Inboun
 			return errorResponse(req, err), nil
 		}
 	}
-	p := b.sends.Get().(*pendingSend)
-	p.ctx, p.rc, p.m, p.queueID, p.uniq, p.half = ctx, rc, *m, queueID, uniq, half
+	p.ctx, p.rc, p.queueID, p.uniq, p.half = ctx, rc, queueID, uniq, half
 	bp := b.getBuf()
 	rec, tsPos, err := b.encodeRecord((*bp)[:0], &p.m)
 	*bp = rec
 	p.buf = bp
 	if err != nil {
-		p.release()
 		return errorResponse(req, err), nil
 	}
 	p.msgs[0] = store.PutMessage{
@@ -376,7 +391,7 @@ func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, m *Inboun
 		TagsCode:          tagsCode(p.m.Properties),
 		Keys:              appendIndexKeys(p.keys[:0], p.m.Properties),
 	}
-	rc.Defer()
+	rc.Defer() // before PutAsync: the committer may answer at once
 	if err := b.store.PutAsync(ctx, p.msgs[:], p.res[:], p.done); err != nil {
 		p.release()
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
@@ -428,7 +443,7 @@ func (p *pendingSend) finish(err error) {
 				QueueOffset:    r.QueueOffset,
 				PhysicalOffset: r.PhysicalOffset,
 				StoreTimestamp: r.StoreTimestamp,
-				MsgID:          protocol.OffsetMsgID(b.host, r.PhysicalOffset),
+				// MsgID left empty: the hook derives it if it needs it.
 			})
 		}
 		resp = protocol.NewResponse(req, protocol.ResSuccess, "")
