@@ -592,7 +592,7 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 		c.queued.Add(-1)
 		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
-		c.log.Debug("remoting: closing connection: queued output over its byte bound", "bytes", b, "limit", lim)
+		c.logClose("remoting: closing connection: queued output over its byte bound", "bytes", b, "limit", lim)
 		c.shutdown(ErrWriteQueueBytes)
 		return c.closedErr()
 	}
@@ -600,7 +600,7 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 		c.queued.Add(-1)
 		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
-		c.log.Debug("remoting: closing connection: write queue full", "frames", c.cfg.writeQueue)
+		c.logClose("remoting: closing connection: write queue full", "frames", c.cfg.writeQueue)
 		c.shutdown(ErrWriteQueueFull)
 		return c.closedErr()
 	}
@@ -928,7 +928,11 @@ func (c *Conn) writeResponse(req, resp *protocol.Command) error {
 	if err != nil {
 		// The processor built a response this encoding cannot carry; tell the
 		// peer instead of leaving it waiting.
-		c.log.Warn("remoting: response not encodable", "code", resp.Code, "err", err)
+		if c.cfg.limitHit != nil {
+			c.cfg.limitHit(limitUnencodable, c.remote, "code", resp.Code, "err", err)
+		} else {
+			c.log.Warn("remoting: response not encodable", "code", resp.Code, "err", err)
+		}
 		fallback := protocol.NewResponse(req, protocol.ResSystemError, err.Error())
 		c.stamp(fallback)
 		if bp, err = c.encode(fallback); err != nil {
@@ -949,7 +953,7 @@ func (c *Conn) writeLoop() {
 		}
 		if err := c.drain(); err != nil {
 			if isTimeout(err) {
-				c.log.Debug("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
+				c.logClose("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
 			}
 			c.shutdown(fmt.Errorf("remoting: write: %w", err))
 			return
@@ -1128,7 +1132,7 @@ func (c *Conn) readError(err error) error {
 		c.log.Debug("remoting: peer closed the connection")
 		return fmt.Errorf("remoting: peer closed: %w", err)
 	case errors.Is(err, protocol.ErrMalformedFrame):
-		c.log.Warn("remoting: closing connection: malformed frame", "err", err)
+		c.logClose("remoting: closing connection: malformed frame", "err", err)
 		return err
 	case isTimeout(err):
 		c.log.Debug("remoting: closing idle connection", "idle_timeout", c.cfg.idleTimeout)
@@ -1137,6 +1141,19 @@ func (c *Conn) readError(err error) error {
 		c.log.Debug("remoting: read failed", "err", err)
 		return fmt.Errorf("remoting: read: %w", err)
 	}
+}
+
+// logClose logs why the connection is being closed for a fault of its
+// peer: at Warn for a Conn of its own; at Debug on a Server's connection,
+// whose Server counts and logs the close at most once per interval
+// (ServerStats, WithLimitLogInterval), so that many bad peers do not flood
+// the log.
+func (c *Conn) logClose(msg string, args ...any) {
+	lvl := slog.LevelWarn
+	if c.cfg.limitHit != nil {
+		lvl = slog.LevelDebug
+	}
+	c.log.Log(context.Background(), lvl, msg, args...)
 }
 
 func isTimeout(err error) bool {

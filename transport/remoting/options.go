@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -107,6 +108,10 @@ type connConfig struct {
 	maxQueuedB    int64
 	handler       RequestHandler
 	languageIsSet bool
+	// limitHit, set for a Server's connections, counts and logs
+	// (rate-limited) connection-level events; a Conn of its own logs them
+	// itself.
+	limitHit func(k limitKind, remote net.Addr, args ...any)
 }
 
 func defaultConnConfig() connConfig {
@@ -154,7 +159,9 @@ func (c *connConfig) validate() error {
 
 // WithLogger sets the logger; nil (the default) discards. Connection-level
 // events (closes and their reasons, malformed frames, rejected requests) are
-// logged at Debug or Warn.
+// logged at Debug or Warn. A Server counts the events caused by its peers
+// (ServerStats) and logs each kind at most once per WithLimitLogInterval,
+// so that many misbehaving connections cannot flood the log.
 func WithLogger(l *slog.Logger) CommonOption {
 	return commonOpt(func(c *connConfig) { c.logger = l })
 }

@@ -168,6 +168,10 @@ type ServerStats struct {
 	WriteQueueBytes    int64 // closed: a response would exceed WithMaxQueuedBytes
 	WriteTimeouts      int64 // closed: a socket write did not finish within WithWriteTimeout
 	OversizedFrames    int64 // closed: a frame's length word exceeded WithMaxFrameSize
+	MalformedFrames    int64 // closed: a frame could not be decoded (oversized ones excluded)
+
+	UnencodableResponses int64 // a processor's response could not be encoded (SYSTEM_ERROR sent instead)
+	ProcessorPanics      int64 // a processor panicked (answered SYSTEM_ERROR)
 }
 
 // limitKind names a limit whose hits a Server counts and logs.
@@ -182,6 +186,9 @@ const (
 	limitQueueBytes
 	limitWriteTimeout
 	limitFrameSize
+	limitMalformed
+	limitUnencodable
+	limitPanic
 	numLimits
 )
 
@@ -195,6 +202,9 @@ var limitMessages = [numLimits]string{
 	limitQueueBytes:   "remoting: connection closed: queued output over its byte bound (peer not reading)",
 	limitWriteTimeout: "remoting: connection closed: write timed out (peer not reading)",
 	limitFrameSize:    "remoting: connection closed: frame larger than the maximum frame size",
+	limitMalformed:    "remoting: connection closed: malformed frame",
+	limitUnencodable:  "remoting: response not encodable; answered SYSTEM_ERROR",
+	limitPanic:        "remoting: processor panicked; answered SYSTEM_ERROR",
 }
 
 // limitCounter counts the hits of one limit and rate-limits their logging.
@@ -260,6 +270,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, errors.New("remoting: WithPermissiveTLS needs WithTLSConfig")
 	}
 	s := &Server{cfg: cfg, log: cfg.conn.logger, quit: make(chan struct{})}
+	// Connection-level events of every connection are counted and logged
+	// through the Server's rate limit.
+	s.cfg.conn.limitHit = s.limitHit
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.conns = make(map[*ServerConn]struct{})
@@ -364,6 +377,10 @@ func (s *Server) Stats() ServerStats {
 		WriteQueueBytes:    s.limits[limitQueueBytes].hits.Load(),
 		WriteTimeouts:      s.limits[limitWriteTimeout].hits.Load(),
 		OversizedFrames:    s.limits[limitFrameSize].hits.Load(),
+		MalformedFrames:    s.limits[limitMalformed].hits.Load(),
+
+		UnencodableResponses: s.limits[limitUnencodable].hits.Load(),
+		ProcessorPanics:      s.limits[limitPanic].hits.Load(),
 	}
 }
 
@@ -382,8 +399,11 @@ func (s *Server) limitHit(k limitKind, remote net.Addr, args ...any) {
 		return // another goroutine logs this interval
 	}
 	lvl := slog.LevelWarn
-	if k == limitIdle {
+	switch k {
+	case limitIdle:
 		lvl = slog.LevelInfo // clients that went away: routine
+	case limitPanic:
+		lvl = slog.LevelError
 	}
 	args = append(args, "remote", addrString(remote), "since_last_log", n-lc.logged.Swap(n), "total", n)
 	s.log.Log(context.Background(), lvl, limitMessages[k], args...)
@@ -677,6 +697,8 @@ func (s *Server) countClose(sc *ServerConn, rerr error) {
 		k, args = limitQueueFrames, []any{"limit_frames", s.cfg.conn.writeQueue}
 	case errors.Is(cause, protocol.ErrFrameTooLarge):
 		k, args = limitFrameSize, []any{"limit_bytes", s.cfg.conn.maxFrame}
+	case errors.Is(cause, protocol.ErrMalformedFrame):
+		k, args = limitMalformed, []any{"err", cause}
 	case cause == rerr && isTimeout(cause):
 		k, args = limitIdle, []any{"timeout", s.cfg.conn.idleTimeout}
 	case cause != rerr && isTimeout(cause):
@@ -718,7 +740,7 @@ func (s *Server) serveRequest(ctx context.Context, sc *ServerConn, req *protocol
 func (s *Server) process(ctx context.Context, rc *RequestCtx) (resp *protocol.Command, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.Error("remoting: processor panicked", "code", rc.req.Code, "panic", r, "stack", string(debug.Stack()))
+			s.limitHit(limitPanic, rc.conn.remote, "code", rc.req.Code, "panic", r, "stack", string(debug.Stack()))
 			resp, err = nil, fmt.Errorf("remoting: processor panic: %v", r)
 		}
 	}()
