@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,7 +55,12 @@ func benchTopic(b *testing.B, env *brokerEnv, prefix string) string {
 }
 
 // BenchmarkBrokerProduce measures produce throughput with 64 sends in
-// flight, per body size and flush mode, reported as msgs/s.
+// flight, per body size and flush mode, reported as msgs/s and process CPU
+// per message (client and broker share the process: profile with
+// -cpuprofile and split with `go tool pprof -tagfocus side=client`, see
+// labelClient). impl=official is the official producer's SendAsync with 64
+// callbacks outstanding, impl=official-sync 64 goroutines calling SendSync,
+// impl=runnel runnel's raw remoting.Conn.
 func BenchmarkBrokerProduce(b *testing.B) {
 	for _, size := range benchSizes {
 		for _, fm := range benchFlushModes {
@@ -63,12 +70,14 @@ func BenchmarkBrokerProduce(b *testing.B) {
 				body := make([]byte, size.n)
 				b.Run("impl=runnel", func(b *testing.B) { produceRunnel(b, env, topic, body) })
 				b.Run("impl=official", func(b *testing.B) { produceOfficial(b, env, topic, body) })
+				b.Run("impl=official-sync", func(b *testing.B) { produceOfficialSync(b, env, topic, body) })
 			})
 		}
 	}
 }
 
 func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
+	defer labelClient()()
 	p := newProducer(b, env, producer.WithRetry(0))
 	// warm the route and connection
 	if _, err := p.SendSync(context.Background(), primitive.NewMessage(topic, body)); err != nil {
@@ -81,7 +90,7 @@ func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for range b.N {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -101,15 +110,16 @@ func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
 		}
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
 	}
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	reportThroughput(b, elapsed, cpu)
 }
 
 func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
+	defer labelClient()()
 	conn := dialTB(b, env.addr)
 	sem := make(chan struct{}, benchInFlight)
 	var wg sync.WaitGroup
@@ -125,7 +135,7 @@ func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for i := range b.N {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -148,12 +158,40 @@ func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
 	}
+	reportThroughput(b, elapsed, cpu)
+}
+
+// reportThroughput reports msgs/s and the process's CPU time per message
+// (client and broker together, steadier than msgs/s on a shared machine).
+func reportThroughput(b *testing.B, elapsed, cpu time.Duration) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
+}
+
+// labelClient labels the calling goroutine, and so the goroutines it
+// starts (the official client's per-request and connection goroutines),
+// side=client for CPU profiles: `go tool pprof -tagfocus side=client`
+// splits the client's CPU from the broker's (runnel's own remoting.Conn
+// relabels its reader and writer, so with impl=runnel the label covers the
+// sending goroutine only). The returned func restores the old labels.
+func labelClient() func() {
+	old := context.Background()
+	pprof.SetGoroutineLabels(pprof.WithLabels(old, pprof.Labels("side", "client")))
+	return func() { pprof.SetGoroutineLabels(old) }
+}
+
+// cpuTime returns the process's user plus system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkBrokerPull drains a preloaded queue (128-byte messages, 32 per
@@ -352,4 +390,47 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	}
 	b.ReportMetric(q(0.50), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// produceOfficialSync drives the official producer the other common way:
+// benchInFlight goroutines, each calling SendSync in a loop (impl=official
+// uses SendAsync with benchInFlight callbacks outstanding). Both share one
+// producer, hence one connection, as an application's goroutines would.
+func produceOfficialSync(b *testing.B, env *brokerEnv, topic string, body []byte) {
+	defer labelClient()()
+	p := newProducer(b, env, producer.WithRetry(0))
+	if _, err := p.SendSync(context.Background(), primitive.NewMessage(topic, body)); err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start, cpu0 := time.Now(), cpuTime()
+	for range benchInFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				res, err := p.SendSync(context.Background(), primitive.NewMessage(topic, body))
+				if err == nil && res.Status != primitive.SendOK {
+					err = fmt.Errorf("status %v", res.Status)
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
+	}
+	reportThroughput(b, elapsed, cpu)
 }
