@@ -117,8 +117,9 @@ type outFrame struct {
 //
 // A Conn runs three kinds of goroutines, all joined by Close: one reader
 // (bufio, decodes frames, completes pending calls, hands incoming requests to
-// handler goroutines), one writer (drains the bounded write queue and
-// coalesces frames into one buffered write), and up to
+// handler goroutines), a writer while frames are queued (drains the bounded
+// write queue and coalesces frames into one buffered write; started when a
+// frame is queued, gone once the queue is empty), and up to
 // WithMaxConcurrentHandlers handler goroutines. On a plain TCP connection
 // with nothing queued and nothing else in flight, a frame is written by the
 // goroutine sending it (a non-blocking write; what the socket does not take
@@ -174,9 +175,10 @@ type Conn struct {
 		frames  []outFrame
 		spare   []outFrame    // a drained slice kept for reuse
 		writing bool          // the socket's write side is owned
+		writer  bool          // the writer goroutine runs
+		closed  bool          // shutdown began: no writer starts, frames are dropped
 		room    chan struct{} // closed when frames are taken; nil when no one waits
 	}
-	wake chan struct{} // buffered 1: frames were queued for the writer
 	// sock, for a plain TCP connection, does the direct writes and lets
 	// the reader wait for bytes without holding a read buffer; nil
 	// otherwise.
@@ -247,7 +249,6 @@ func NewConn(nc net.Conn, opts ...Option) (*Conn, error) {
 func startClientConn(nc net.Conn, cfg connConfig) *Conn {
 	c := newConn(context.Background(), nc, cfg)
 	c.dispatch = c.dispatchHandler
-	c.startWriter()
 	c.wg.Add(1)
 	go pprof.Do(c.ctx, pprof.Labels("remoting", "reader"), func(context.Context) {
 		defer c.wg.Done()
@@ -269,7 +270,6 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 		asyncSem:   make(chan struct{}, cfg.maxAsync),
 		onewaySem:  make(chan struct{}, cfg.maxOneway),
 		handlerSem: make(chan struct{}, cfg.handlers),
-		wake:       make(chan struct{}, 1),
 		sock:       newSock(nc),
 		work:       make(chan *protocol.Command),
 		quit:       make(chan struct{}),
@@ -281,12 +281,17 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 	return c
 }
 
-func (c *Conn) startWriter() {
+// startWriterLocked starts the writer goroutine unless it runs or the
+// Conn is closing. Requires c.wq. Starting it only under c.wq, never once
+// shutdown marked the queue closed, orders every wg.Add before Close's
+// wg.Wait.
+func (c *Conn) startWriterLocked() {
+	if c.wq.writer || c.wq.closed {
+		return
+	}
+	c.wq.writer = true
 	c.wg.Add(1)
-	go pprof.Do(c.ctx, pprof.Labels("remoting", "writer"), func(context.Context) {
-		defer c.wg.Done()
-		c.writeLoop()
-	})
+	go c.writeLoop()
 }
 
 // RemoteAddr returns the peer's address.
@@ -337,6 +342,9 @@ func (c *Conn) Close() error {
 func (c *Conn) shutdown(cause error) {
 	c.closeOnce.Do(func() {
 		err := &closedError{cause: cause}
+		c.wq.Lock()
+		c.wq.closed = true
+		c.wq.Unlock()
 		c.mu.Lock()
 		pending := c.mu.pending
 		c.mu.pending = nil
@@ -622,6 +630,11 @@ var closedRoom = func() chan struct{} { ch := make(chan struct{}); close(ch); re
 // them into one socket write instead.
 func (c *Conn) push(f outFrame, wait bool) (room chan struct{}) {
 	c.wq.Lock()
+	if c.wq.closed {
+		c.wq.Unlock()
+		c.drop(f, len(*f.buf)-f.off)
+		return nil
+	}
 	if c.sock != nil && !c.wq.writing && len(c.wq.frames) == 0 && !c.moreFramesLikely() {
 		c.wq.writing = true
 		c.wq.Unlock()
@@ -641,16 +654,19 @@ func (c *Conn) push(f outFrame, wait bool) (room chan struct{}) {
 		return room
 	}
 	c.wq.frames = append(c.wq.frames, f)
+	c.startWriterLocked()
 	c.wq.Unlock()
-	c.kick()
 	return nil
 }
 
-// kick wakes the writer.
-func (c *Conn) kick() {
-	select {
-	case c.wake <- struct{}{}:
-	default: // a wake-up is pending already
+// drop forgets the frame f, of which n bytes were not written, queued
+// when the Conn closed.
+func (c *Conn) drop(f outFrame, n int) {
+	c.queued.Add(-1)
+	c.queuedB.Add(-int64(n))
+	c.putBuf(f.buf)
+	if f.oneway {
+		<-c.onewaySem
 	}
 }
 
@@ -664,12 +680,7 @@ func (c *Conn) writeDirect(f outFrame) {
 		c.wq.Lock()
 		c.wq.writing = false
 		c.wq.Unlock()
-		c.queued.Add(-1)
-		c.queuedB.Add(-int64(len(b)))
-		c.putBuf(f.buf)
-		if f.oneway {
-			<-c.onewaySem
-		}
+		c.drop(f, len(b))
 		c.shutdown(fmt.Errorf("remoting: write: %w", err))
 		return
 	}
@@ -678,11 +689,10 @@ func (c *Conn) writeDirect(f outFrame) {
 		c.queued.Add(-1)
 		c.wq.Lock()
 		c.wq.writing = false
-		more := len(c.wq.frames) > 0
-		c.wq.Unlock()
-		if more {
-			c.kick()
+		if len(c.wq.frames) > 0 {
+			c.startWriterLocked() // frames queued meanwhile: the writer may have left them
 		}
+		c.wq.Unlock()
 		return
 	}
 	c.queuedB.Add(-int64(n))
@@ -695,8 +705,8 @@ func (c *Conn) writeDirect(f outFrame) {
 	c.wq.Lock()
 	c.wq.frames = slices.Insert(c.wq.frames, 0, f)
 	c.wq.writing = false
+	c.startWriterLocked()
 	c.wq.Unlock()
-	c.kick()
 }
 
 // wrote accounts for the frame f whose last n bytes were just handed to
@@ -942,22 +952,30 @@ func (c *Conn) writeResponse(req, resp *protocol.Command) error {
 	return c.tryEnqueue(outFrame{buf: bp})
 }
 
-// writeLoop writes the frames queued, whenever woken, until the
-// connection closes.
+// writeLoop is the writer goroutine: it writes the queued frames and
+// returns once the queue is empty (or a direct writer owns the write side:
+// that one starts a writer again if it leaves frames behind), or the
+// connection failed or closed.
 func (c *Conn) writeLoop() {
+	defer c.wg.Done()
 	for {
-		select {
-		case <-c.wake:
-		case <-c.quit:
-			return
-		}
 		if err := c.drain(); err != nil {
+			c.wq.Lock()
+			c.wq.writer = false
+			c.wq.Unlock()
 			if isTimeout(err) {
 				c.logClose("remoting: closing connection: write timed out (peer not reading)", "timeout", c.cfg.writeTimeout)
 			}
 			c.shutdown(fmt.Errorf("remoting: write: %w", err))
 			return
 		}
+		c.wq.Lock()
+		if c.wq.closed || c.wq.writing || len(c.wq.frames) == 0 {
+			c.wq.writer = false
+			c.wq.Unlock()
+			return
+		}
+		c.wq.Unlock()
 	}
 }
 
@@ -974,7 +992,7 @@ func (c *Conn) drain() error {
 	}()
 	for {
 		c.wq.Lock()
-		if c.wq.writing || len(c.wq.frames) == 0 {
+		if c.wq.closed || c.wq.writing || len(c.wq.frames) == 0 {
 			c.wq.Unlock()
 			return nil
 		}

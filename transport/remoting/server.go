@@ -636,7 +636,6 @@ func (s *Server) serveConn(nc net.Conn, id uint64, ip netip.Addr) {
 	s.mu.conns[sc] = struct{}{}
 	s.mu.Unlock()
 
-	sc.Conn.startWriter()
 	if s.cfg.onConnect != nil {
 		s.cfg.onConnect(sc)
 	}
