@@ -51,7 +51,9 @@ func (b *Broker) registerProcessors() {
 	h(b.processDeleteGroup, protocol.ReqDeleteSubscriptionGroup)
 	h(b.processTopicStats, protocol.ReqGetTopicStatsInfo)
 	h(b.processConsumeStats, protocol.ReqGetConsumeStats)
-	h(b.tx.processEnd, protocol.ReqEndTransaction)
+	// END_TRANSACTION too runs on the reader goroutine when it needs
+	// nothing that blocks (transaction.go, processEndInline).
+	b.srv.HandleInline(protocol.ReqEndTransaction, remoting.ProcessorFunc(b.tx.processEndInline))
 	// Remote config writes are a known remote-code-execution vector
 	// (CVE-2023-33246): only an allow-list of harmless keys (processor_config.go).
 	h(b.processUpdateBrokerConfig, reqUpdateBrokerConfig)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -176,6 +177,7 @@ type transactions struct {
 	cfg txConfig
 
 	prepared, committed, rolledBack, checkBacks, discarded atomic.Int64
+	inlineEnds                                             atomic.Int64 // ended by processEndInline's store round (tests)
 
 	// scanFrom is the check progress: every half message below it ended.
 	scanFrom atomic.Int64
@@ -301,15 +303,13 @@ func (t *transactions) lock(ctx context.Context, phys int64) (func(), error) {
 		t.mu.Lock()
 		ch, held := t.mu.busy[phys]
 		if !held {
+			t.mu.busy[phys] = nil // no waiter yet
+			t.mu.Unlock()
+			return func() { t.unlock(phys) }, nil
+		}
+		if ch == nil {
 			ch = make(chan struct{})
 			t.mu.busy[phys] = ch
-			t.mu.Unlock()
-			return func() {
-				t.mu.Lock()
-				delete(t.mu.busy, phys)
-				t.mu.Unlock()
-				close(ch)
-			}, nil
 		}
 		t.mu.Unlock()
 		select {
@@ -317,6 +317,28 @@ func (t *transactions) lock(ctx context.Context, phys int64) (func(), error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// tryLock claims the half message at phys if no one else is ending it.
+func (t *transactions) tryLock(phys int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, held := t.mu.busy[phys]; held {
+		return false
+	}
+	t.mu.busy[phys] = nil
+	return true
+}
+
+// unlock releases a claim of lock or tryLock and wakes its waiters.
+func (t *transactions) unlock(phys int64) {
+	t.mu.Lock()
+	ch := t.mu.busy[phys]
+	delete(t.mu.busy, phys)
+	t.mu.Unlock()
+	if ch != nil {
+		close(ch)
 	}
 }
 
@@ -336,20 +358,27 @@ func (t *transactions) markEnded(off int64, st txState) {
 
 func opKey(off int64) string { return strconv.FormatInt(off, 10) }
 
-// state returns the outcome of the half message at queue offset off.
-func (t *transactions) state(off int64) (txState, error) {
+// knownState returns the outcome of the half message at queue offset off
+// if it is known without reading the store.
+func (t *transactions) knownState(off int64) (txState, bool) {
 	t.mu.Lock()
-	st, ok := t.mu.ended[off]
+	defer t.mu.Unlock()
+	if st, ok := t.mu.ended[off]; ok {
+		return st, true
+	}
 	// scanFrom is read under t.mu: prune moves it before it deletes
 	// outcomes below it (under t.mu), so an outcome missing here at or
 	// above the scanFrom read is not pruned but unknown, i.e. pending.
-	known := off >= t.mu.pendingFrom && off >= t.scanFrom.Load()
-	t.mu.Unlock()
-	if ok {
-		return st, nil
+	if off >= t.mu.pendingFrom && off >= t.scanFrom.Load() {
+		return txPending, true
 	}
-	if known {
-		return txPending, nil
+	return txPending, false
+}
+
+// state returns the outcome of the half message at queue offset off.
+func (t *transactions) state(off int64) (txState, error) {
+	if st, ok := t.knownState(off); ok {
+		return st, nil
 	}
 	recs, err := t.b.store.QueryByKey(topicTransOpHalf, opKey(off), store.MaxQueryNum, 0, math.MaxInt64)
 	if err != nil {
@@ -458,6 +487,30 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	case err != nil:
 		return err
 	}
+	if err := checkHalf(&half, h); err != nil {
+		return err
+	}
+	st, err := t.state(half.QueueOffset)
+	if err != nil {
+		return err
+	}
+	if done, err := t.alreadyEnded(&half, st, want); done {
+		return err
+	}
+	msgs, err := t.endRecords(ctx, &half, want, rc, false)
+	if err != nil {
+		return err
+	}
+	if _, err := t.b.storeAll(ctx, msgs...); err != nil {
+		return err
+	}
+	t.ended(&half, want)
+	return nil
+}
+
+// checkHalf checks that the half message found at h's physical offset is
+// the one h names (Java's checkPrepareMessage).
+func checkHalf(half *protocol.MessageExt, h *protocol.EndTransactionRequestHeader) error {
 	if pg, ok := half.Property(protocol.PropProducerGroup); !ok || pg != h.ProducerGroup {
 		return sysError(remarkWrongGroup)
 	}
@@ -467,49 +520,250 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	if half.CommitLogOffset != h.CommitLogOffset {
 		return sysError(remarkWrongLogOff)
 	}
-	st, err := t.state(half.QueueOffset)
-	if err != nil {
-		return err
-	}
+	return nil
+}
+
+// alreadyEnded answers an end of a half message whose outcome is st: done
+// when it is not pending (nil for a repeat of the same end, an error for a
+// contradicting one).
+func (t *transactions) alreadyEnded(half *protocol.MessageExt, st, want txState) (done bool, err error) {
 	switch {
+	case st == txPending:
+		return false, nil
 	case st == want, st == txDiscarded && want == txRolledBack:
 		t.markEnded(half.QueueOffset, st)
-		t.forgetHalf(h.CommitLogOffset)
-		return nil // repeated end: already done
-	case st != txPending:
-		return &protocol.Error{Code: protocol.ResSystemError,
-			Remark: "the transaction already ended with " + st.String() + ", cannot " + want.String()}
+		t.forgetHalf(half.CommitLogOffset)
+		return true, nil // repeated end: already done
 	}
+	return true, &protocol.Error{Code: protocol.ResSystemError,
+		Remark: "the transaction already ended with " + st.String() + ", cannot " + want.String()}
+}
+
+// errEndMayBlock: the final message's store path may block (inline only).
+var errEndMayBlock = errors.New("broker: final message may block")
+
+// endRecords returns what ending half with want stores in one atomic Put:
+// its op record, after the final message for a commit. With inline it
+// fails with errEndMayBlock when the final message's rewrite may block.
+func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt, want txState, rc *remoting.RequestCtx, inline bool) ([]*InboundMessage, error) {
 	op := t.opRecord(half.QueueOffset, want)
 	if want == txRolledBack {
-		if _, err := t.b.storeAll(ctx, op); err != nil {
-			return err
-		}
-		t.rolledBack.Add(1)
-		t.markEnded(half.QueueOffset, want)
-		t.forgetHalf(h.CommitLogOffset)
-		return nil
+		return []*InboundMessage{op}, nil
 	}
-	final, err := finalMessage(&half, h.CommitLogOffset)
+	final, err := finalMessage(half, half.CommitLogOffset)
 	if err != nil {
-		return sysError(err.Error())
+		return nil, sysError(err.Error())
 	}
 	if rc != nil {
 		final.Code, final.ClientVersion, final.Conn = rc.Request().Code, rc.Request().Version, rc.Conn()
 	}
 	// The committed message is delayed like any other (DELAY, TIMER_*).
 	if f := t.b.ext.beforeStore; f != nil {
+		if inline && t.b.sendMayBlock(&protocol.SendMessageRequestHeader{Topic: final.Topic, Properties: final.Properties}) {
+			return nil, errEndMayBlock
+		}
 		if err := f(ctx, final); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if _, err := t.b.storeAll(ctx, final, op); err != nil {
+	return []*InboundMessage{final, op}, nil
+}
+
+// ended records that half ended with want (its records are stored).
+func (t *transactions) ended(half *protocol.MessageExt, want txState) {
+	if want == txCommitted {
+		t.committed.Add(1)
+	} else {
+		t.rolledBack.Add(1)
+	}
+	t.markEnded(half.QueueOffset, want)
+	t.forgetHalf(half.CommitLogOffset)
+}
+
+// processEndInline serves END_TRANSACTION on the connection's reader
+// goroutine when it needs nothing that blocks: a half message this process
+// keeps (not being ended by anyone else) whose outcome is known in memory
+// is checked at once and its final message and op record go to the store's
+// committer, which answers the request once they are stored. Anything
+// else (another end of the same half message in progress, a record not
+// kept or an outcome to look up in the store, a final message whose store
+// path may block) is handed to a broker goroutine running processEnd.
+func (t *transactions) processEndInline(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	req := rc.Request()
+	var h protocol.EndTransactionRequestHeader
+	if err := h.Decode(req); err != nil {
+		return respond(req, protocol.ResInvalidParameter, err.Error()), nil
+	}
+	if h.CommitOrRollback != protocol.SysFlagTransactionCommit && h.CommitOrRollback != protocol.SysFlagTransactionRollback {
+		return t.processEnd(ctx, rc) // no response, as from Java
+	}
+	if !t.b.running() {
+		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
+	}
+	want := txRolledBack
+	if h.CommitOrRollback == protocol.SysFlagTransactionCommit {
+		want = txCommitted
+	}
+	if resp, ok := t.endInline(ctx, rc, &h, want); ok {
+		return resp, nil
+	}
+	return t.handOffEnd(ctx, rc)
+}
+
+// endInline is processEndInline's non-blocking path. ok is false when
+// nothing was done (the caller hands the request off); otherwise resp is
+// the answer, or nil after rc.Defer (the store's committer answers).
+func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h *protocol.EndTransactionRequestHeader, want txState) (resp *protocol.Command, ok bool) {
+	req := rc.Request()
+	phys := h.CommitLogOffset
+	rec, kept := t.cachedHalf(phys)
+	if !kept || !t.tryLock(phys) {
+		return nil, false
+	}
+	locked := true
+	defer func() {
+		if locked {
+			t.unlock(phys)
+		}
+	}()
+	half, _, err := protocol.DecodeRecord(rec)
+	if err != nil || half.CommitLogOffset != phys {
+		return nil, false // processEnd reports it and reads the store
+	}
+	if err := checkHalf(&half, h); err != nil {
+		return errorResponse(req, err), true
+	}
+	st, known := t.knownState(half.QueueOffset)
+	if !known {
+		return nil, false
+	}
+	if done, err := t.alreadyEnded(&half, st, want); done {
+		if err != nil {
+			return errorResponse(req, err), true
+		}
+		return protocol.NewResponse(req, protocol.ResSuccess, ""), true
+	}
+	msgs, err := t.endRecords(ctx, &half, want, rc, true)
+	if errors.Is(err, errEndMayBlock) {
+		return nil, false
+	}
+	if err != nil {
+		return errorResponse(req, err), true
+	}
+	pe := &pendingEnd{t: t, rc: rc, half: half, want: want}
+	rc.Defer()
+	if err := pe.put(ctx, msgs); err != nil {
+		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
+		return nil, true
+	}
+	locked = false // pe.done unlocks
+	return nil, true
+}
+
+// pendingEnd is an END_TRANSACTION whose records are in a store round:
+// done (on the store's committer) records the end, releases the half
+// message and answers.
+type pendingEnd struct {
+	t    *transactions
+	rc   *remoting.RequestCtx
+	half protocol.MessageExt
+	want txState
+	buf  *[]byte
+	puts [2]store.PutMessage
+	res  [2]store.PutResult
+	keys [4]string
+}
+
+// put encodes msgs and hands them to the store's committer as one atomic
+// round. On error nothing was queued (done will not run).
+func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage) error {
+	b := pe.t.b
+	pe.buf = b.getBuf()
+	buf := (*pe.buf)[:0]
+	var ends, ts [2]int
+	for i, m := range msgs {
+		var err error
+		if buf, ts[i], err = b.encodeRecord(buf, m); err != nil {
+			*pe.buf = buf
+			b.putBuf(pe.buf)
+			return err
+		}
+		ends[i] = len(buf)
+	}
+	*pe.buf = buf
+	start, keys := 0, pe.keys[:0]
+	for i, m := range msgs {
+		k0 := len(keys)
+		keys = appendIndexKeys(keys, m.Properties)
+		pe.puts[i] = store.PutMessage{
+			Topic:             m.Topic,
+			QueueID:           m.QueueID,
+			Record:            buf[start:ends[i]:ends[i]],
+			StoreTimestampPos: ts[i],
+			TagsCode:          tagsCode(m.Properties),
+			Keys:              keys[k0:len(keys):len(keys)],
+		}
+		start = ends[i]
+	}
+	n := len(msgs)
+	if err := b.store.PutAsync(ctx, pe.puts[:n], pe.res[:n], pe.done); err != nil {
+		b.putBuf(pe.buf)
 		return err
 	}
-	t.committed.Add(1)
-	t.markEnded(half.QueueOffset, want)
-	t.forgetHalf(h.CommitLogOffset)
 	return nil
+}
+
+func (pe *pendingEnd) done(err error) {
+	t, req := pe.t, pe.rc.Request()
+	t.b.putBuf(pe.buf)
+	var resp *protocol.Command
+	if err != nil {
+		resp = errorResponse(req, storeError(err))
+	} else {
+		t.ended(&pe.half, pe.want)
+		t.inlineEnds.Add(1)
+		resp = protocol.NewResponse(req, protocol.ResSuccess, "")
+	}
+	t.unlock(pe.half.CommitLogOffset)
+	_ = pe.rc.Respond(resp) // a failure closed the connection, which reports it
+}
+
+// handOffEnd serves the END_TRANSACTION rc on a goroutine the broker owns
+// (processEnd), answering from there. It waits for a hand-off slot (shared
+// with the send path) or for ctx, the connection's lifetime, to end.
+func (t *transactions) handOffEnd(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	b := t.b
+	select {
+	case b.handOffs <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("broker: end transaction: %w", ctx.Err())
+	}
+	rc.Defer()
+	// The remoting server joins its processors before stop joins b.wg, so
+	// this Add never races with that Wait.
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer func() { <-b.handOffs }()
+		if resp := t.endHandedOff(ctx, rc); resp != nil {
+			_ = rc.Respond(resp) // a failure closed the connection, which reports it
+		}
+	}()
+	return nil, nil
+}
+
+// endHandedOff runs processEnd, turning a panic into the response (as the
+// remoting server does for its processors).
+func (t *transactions) endHandedOff(ctx context.Context, rc *remoting.RequestCtx) (resp *protocol.Command) {
+	req := rc.Request()
+	defer func() {
+		if r := recover(); r != nil {
+			t.log.Error("broker: end transaction panicked", "panic", r, "stack", string(debug.Stack()))
+			resp = respond(req, protocol.ResSystemError, fmt.Sprintf("broker: end transaction panic: %v", r))
+		}
+	}()
+	resp, _ = t.processEnd(ctx, rc) // processEnd answers every error itself
+	return resp
 }
 
 // realTarget returns a half message's REAL_TOPIC and REAL_QID.

@@ -678,7 +678,13 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 	})
 	b.tx.forgetHalf(read.phys) // as if the cache had been full
 	mustEnd(t, c, "txpg", kept, protocol.SysFlagTransactionCommit)
+	if n := b.tx.inlineEnds.Load(); n != 1 {
+		t.Errorf("the end of a kept half message was not served inline (%d inline ends)", n)
+	}
 	mustEnd(t, c, "txpg", read, protocol.SysFlagTransactionCommit)
+	if n := b.tx.inlineEnds.Load(); n != 1 {
+		t.Errorf("the end of a half message read from the store was served inline (%d inline ends)", n)
+	}
 	if _, ok := b.tx.cachedHalf(kept.phys); ok {
 		t.Error("the record of a committed half message is still kept")
 	}
