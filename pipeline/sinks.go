@@ -1,8 +1,10 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,8 +123,12 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 			return nil
 		}
 	}
+	var async sink.AsyncCommitter
+	if tpc != nil {
+		async, _ = sk.(sink.AsyncCommitter)
+	}
 	n.startTask = func(r *jobRun, t *taskInfo) error {
-		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, in: in, log: r.engine.Logger(), hooks: r.hooks}
+		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, async: async, in: in, log: r.engine.Logger(), hooks: r.hooks}
 		_, err := r.engine.AddTask(uid, runtime.SinkTask, st.run)
 		return err
 	}
@@ -130,16 +136,29 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 }
 
 type sinkTask[T any] struct {
-	n       *node
-	uid     string
-	sk      sink.Sink[T]
-	tpc     sink.TwoPhaseCommit[T]
-	in      *inbox[rec[T]]
-	pending []checkpoint.PendingCommit
-	hooks   *runHooks // hooks.go
-	log     interface {
+	n     *node
+	uid   string
+	sk    sink.Sink[T]
+	tpc   sink.TwoPhaseCommit[T]
+	async sink.AsyncCommitter // tpc's, when it commits in the background
+	in    *inbox[rec[T]]
+	h     *runtime.Handle // set by run
+	// pending are pre-committed transactions not started (or failed);
+	// committing are those started (async) and not yet waited for. Both
+	// stay listed in every checkpoint until h.Resolved.
+	pending    []checkpoint.PendingCommit
+	committing []startedCommit
+	hooks      *runHooks // hooks.go
+	log        interface {
 		Warn(msg string, args ...any)
 	}
+}
+
+// startedCommit is a transaction whose commit was started in the
+// background (AsyncCommitter).
+type startedCommit struct {
+	pc    checkpoint.PendingCommit
+	start time.Time
 }
 
 func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, error) {
@@ -153,6 +172,7 @@ func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, er
 		}
 		return runtime.Ack{}, nil
 	}
+	st.settle(ctx)
 	txn, err := call(ctx, sinkRetry, st.tpc.PreCommit, ctx, id)
 	if err != nil {
 		return runtime.Ack{}, fmt.Errorf("sink %q: pre-commit %d: %w", st.uid, id, err)
@@ -164,7 +184,8 @@ func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, er
 
 // onNote commits, after checkpoint n completed, every transaction
 // pre-committed for a checkpoint up to n (failed checkpoints' transactions
-// ride along with the next one).
+// ride along with the next one). An AsyncCommitter's commits are only
+// started: settle waits for them.
 func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.Note) error {
 	if !n.Completed || st.tpc == nil {
 		return nil
@@ -176,6 +197,16 @@ func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.
 			continue
 		}
 		start := time.Now()
+		if st.async != nil {
+			if err := callErr(ctx, sinkRetry, st.async.StartCommit, ctx, pc.Data); err != nil {
+				st.hooks.onSinkCommit(st.uid, pc.CheckpointID, time.Since(start), err)
+				st.log.Warn("sink commit failed to start; retried after the next checkpoint and on restore", "sink", st.uid, "checkpoint", pc.CheckpointID, "err", err)
+				kept = append(kept, pc)
+				continue
+			}
+			st.committing = append(st.committing, startedCommit{pc: pc, start: start})
+			continue
+		}
 		err := callErr(ctx, sinkRetry, st.tpc.Commit, ctx, pc.Data)
 		st.hooks.onSinkCommit(st.uid, pc.CheckpointID, time.Since(start), err)
 		if err != nil {
@@ -189,6 +220,31 @@ func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.
 	return nil
 }
 
+// settle waits for the commits an AsyncCommitter started and records them
+// as resolved (the next checkpoint no longer lists them) only once they
+// are committed; after a failure they are pending again, retried after the
+// next completed checkpoint and on restore.
+func (st *sinkTask[T]) settle(ctx context.Context) {
+	if len(st.committing) == 0 {
+		return
+	}
+	err := st.async.WaitCommits(ctx)
+	for _, c := range st.committing {
+		st.hooks.onSinkCommit(st.uid, c.pc.CheckpointID, time.Since(c.start), err)
+		if err == nil {
+			st.h.Resolved(c.pc)
+		} else {
+			st.pending = append(st.pending, c.pc)
+		}
+	}
+	if err != nil {
+		st.log.Warn("sink commit failed; retried after the next checkpoint and on restore", "sink", st.uid, "transactions", len(st.committing), "err", err)
+		slices.SortStableFunc(st.pending, func(a, b checkpoint.PendingCommit) int { return cmp.Compare(a.CheckpointID, b.CheckpointID) })
+	}
+	clear(st.committing)
+	st.committing = st.committing[:0]
+}
+
 func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -198,6 +254,7 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 			err = fmt.Errorf("sink %q: close: %w", st.uid, cerr)
 		}
 	}()
+	st.h = h
 	cnt := &counter{stats: st.n.stats}
 	senders := st.in.senderCount() // discovery may add senders (discovery.go)
 	al := newAligner(senders)
@@ -208,6 +265,7 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 		if err := finishedLoop(ctx, h, snapshot, onNote); err != nil {
 			return err
 		}
+		st.settle(ctx)
 		if len(st.pending) > 0 {
 			return fmt.Errorf("sink %q: %d transactions could not be committed (they stay pending in the checkpoint)", st.uid, len(st.pending))
 		}

@@ -23,6 +23,18 @@
 // completes (their records are not replayed). Abort is called for
 // transactions the runtime knows will never be committed.
 //
+// A TwoPhaseCommit sink that also implements AsyncCommitter has its commits
+// taken off the job's critical path: after checkpoint n is durable the
+// runtime calls StartCommit instead of Commit and goes on handing the sink
+// the records of the next epoch while the transaction commits. It calls
+// WaitCommits at the next barrier, before that barrier's PreCommit, and
+// when the job ends; only when WaitCommits returned nil does the runtime
+// record the transactions started before it as committed (so the next
+// checkpoint no longer lists them). Until then they stay pending in every
+// checkpoint, so a crash at any point commits them again on restore. If
+// WaitCommits fails, they stay pending and are started again after the
+// next completed checkpoint, like a failed Commit.
+//
 // The runtime calls every method of a sink from one goroutine (the sink's
 // task), so implementations need no locking of their own unless they share
 // state with other goroutines.
@@ -91,4 +103,18 @@ type DeadLetter struct {
 	Reason string
 	// Time is when the record was rejected.
 	Time time.Time
+}
+
+// AsyncCommitter is implemented by TwoPhaseCommit sinks whose commits may
+// run in the background while the sink receives the next epoch's records
+// (see the package documentation for when the runtime calls what).
+type AsyncCommitter interface {
+	// StartCommit starts committing a pre-committed transaction, with
+	// Commit's guarantees (idempotent, tolerant of skipped and repeated
+	// notifications), and may return before it is committed. Transactions
+	// are committed in the order they were started.
+	StartCommit(ctx context.Context, txn []byte) error
+	// WaitCommits waits until every transaction started so far is
+	// committed, and reports the first commit that failed.
+	WaitCommits(ctx context.Context) error
 }
