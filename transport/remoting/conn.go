@@ -564,7 +564,7 @@ func (c *Conn) enqueue(ctx context.Context, f outFrame) error {
 	c.queued.Add(1)
 	c.queuedB.Add(n)
 	for {
-		room := c.push(f, true)
+		room, _ := c.push(f, true)
 		if room == nil {
 			return nil
 		}
@@ -604,7 +604,7 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 		c.shutdown(ErrWriteQueueBytes)
 		return c.closedErr()
 	}
-	if c.push(f, false) != nil {
+	if _, full := c.push(f, false); full {
 		c.queued.Add(-1)
 		c.queuedB.Add(-n)
 		c.putBuf(f.buf)
@@ -615,48 +615,42 @@ func (c *Conn) tryEnqueue(f outFrame) error {
 	return nil
 }
 
-// closedRoom is returned by push when the queue is full and the caller
-// does not wait.
-var closedRoom = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
-
 // push hands f, counted in queued and queuedB, to the socket: it writes f
 // at once when it can (directly), else appends it to the write queue and
-// wakes the writer. When the queue is full it returns a channel closed once
-// there is room (wait) or a closed channel (!wait), having done nothing.
+// starts the writer. When the queue is full it does nothing and reports
+// full, with (wait) a channel closed once there is room.
 //
 // A direct write needs a plain TCP connection whose write side is free,
 // an empty queue (frames queued earlier go first) and no sign that more
 // frames follow soon (moreFramesLikely): when they do, the writer coalesces
 // them into one socket write instead.
-func (c *Conn) push(f outFrame, wait bool) (room chan struct{}) {
+func (c *Conn) push(f outFrame, wait bool) (room chan struct{}, full bool) {
 	c.wq.Lock()
 	if c.wq.closed {
 		c.wq.Unlock()
 		c.drop(f, len(*f.buf)-f.off)
-		return nil
+		return nil, false
 	}
 	if c.sock != nil && !c.wq.writing && len(c.wq.frames) == 0 && !c.moreFramesLikely() {
 		c.wq.writing = true
 		c.wq.Unlock()
 		c.writeDirect(f)
-		return nil
+		return nil, false
 	}
 	if len(c.wq.frames) >= c.cfg.writeQueue {
-		if !wait {
-			c.wq.Unlock()
-			return closedRoom
+		if wait {
+			if c.wq.room == nil {
+				c.wq.room = make(chan struct{})
+			}
+			room = c.wq.room
 		}
-		if c.wq.room == nil {
-			c.wq.room = make(chan struct{})
-		}
-		room = c.wq.room
 		c.wq.Unlock()
-		return room
+		return room, true
 	}
 	c.wq.frames = append(c.wq.frames, f)
 	c.startWriterLocked()
 	c.wq.Unlock()
-	return nil
+	return nil, false
 }
 
 // drop forgets the frame f, of which n bytes were not written, queued

@@ -27,8 +27,9 @@
 // # Goroutines and bounds
 //
 // Each connection has one reader goroutine (bufio, one allocation per frame
-// for its bytes plus the decoded Command), one writer goroutine (drains a
-// bounded queue, coalescing queued frames into one buffered write per batch),
+// for its bytes plus the decoded Command), a writer goroutine while frames
+// are queued (drains a bounded queue, coalescing queued frames into one
+// buffered write per batch; it ends when the queue is empty),
 // and at most WithMaxConcurrentHandlers goroutines running incoming requests.
 // On a plain TCP connection a frame sent while nothing is queued or in flight
 // skips the writer: the sending goroutine writes it without waiting (what the
