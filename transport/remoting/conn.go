@@ -199,6 +199,9 @@ type Conn struct {
 	inflight, dropped, rejected         atomic.Int64
 	framesIn, framesOut, bytesIn, bytes atomic.Int64
 	cut                                 atomic.Int64 // direct writes the socket took only part of
+	// writeLoopFn is writeLoop bound once, so that starting the writer
+	// allocates no closure.
+	writeLoopFn func()
 	// onCut, if set (by tests), runs when a direct write was cut short,
 	// before the rest is queued.
 	onCut func()
@@ -275,6 +278,7 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 		quit:       make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(parent)
+	c.writeLoopFn = c.writeLoop
 	c.mu.pending = make(map[int32]*call)
 	c.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
 	c.calls.New = func() any { return &call{ch: make(chan result, 1)} }
@@ -291,7 +295,7 @@ func (c *Conn) startWriterLocked() {
 	}
 	c.wq.writer = true
 	c.wg.Add(1)
-	go c.writeLoop()
+	go c.writeLoopFn()
 }
 
 // RemoteAddr returns the peer's address.
