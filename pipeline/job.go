@@ -64,6 +64,7 @@ type jobConfig struct {
 	defaultSourcePol   Policy
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
+	stateBuffer        int64
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).
@@ -99,6 +100,15 @@ func TolerableCheckpointFailures(n int) JobOption {
 // the checkpoint fingerprint: changing it makes old checkpoints unusable.
 func MaxParallelism(n int) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.maxParallelism = n })
+}
+
+// StateWriteBuffer bounds (bytes, approximate) the state changes a keyed
+// subtask keeps in memory between checkpoints: past it the subtask asks for
+// a checkpoint ahead of the interval, which writes them to the store (after
+// MinPauseBetweenCheckpoints). Default state.DefaultWriteBufferLimit (64
+// MiB); 0 or less keeps the default.
+func StateWriteBuffer(bytes int64) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.stateBuffer = bytes })
 }
 
 // DefaultParallelism sets the number of subtasks of keyed operators that do

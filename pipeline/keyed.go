@@ -595,7 +595,11 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	eng := kt.store.engine
 	maxP := kt.j.cfg.maxParallelism
 	start, end := state.KeyGroupRange(maxP, kt.n.parallelism, kt.sub)
-	kt.backend, err = state.NewBackend(eng.Store(), kt.n.uid, maxP, state.WithKeyGroupRange(start, end))
+	bopts := []state.BackendOption{state.WithKeyGroupRange(start, end)}
+	if kt.j.cfg.stateBuffer > 0 {
+		bopts = append(bopts, state.WithWriteBufferLimit(kt.j.cfg.stateBuffer))
+	}
+	kt.backend, err = state.NewBackend(eng.Store(), kt.n.uid, maxP, bopts...)
 	if err != nil {
 		return err
 	}
@@ -762,6 +766,9 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 				}
 			}
 			putBatch(kt.in.pool, m.batch)
+			if kt.backend.WantsCheckpoint() {
+				h.RequestCheckpoint() // spill the changes through a checkpoint
+			}
 		case msgWatermark:
 			if wms.update(s, m.wm) {
 				if err := advance(); err != nil {

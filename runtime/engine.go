@@ -84,6 +84,7 @@ type Engine struct {
 	discNow  chan struct{} // DiscoverNow requests, cap 1
 	started  atomic.Bool
 	closed   atomic.Bool
+	wanted   atomic.Bool // a task asked for an early checkpoint (Handle.RequestCheckpoint)
 	ids      atomic.Uint64
 	statusLn net.Listener
 	obs      hooks      // hooks.go
@@ -419,6 +420,8 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 	var (
 		timeout   *time.Timer
 		timeoutC  <-chan time.Time
+		pause     *time.Timer // armed while a requested checkpoint waits for MinPause
+		pauseC    <-chan time.Time
 		lastEnd   time.Time
 		failures  int
 		stopping  bool
@@ -429,8 +432,12 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 		if timeout != nil {
 			timeout.Stop()
 		}
+		if pause != nil {
+			pause.Stop()
+		}
 	}()
 	trigger := func(stop, final bool) {
+		e.wanted.Store(false) // this checkpoint serves pending requests
 		id := e.ids.Add(1)
 		e.mu.Lock()
 		e.mu.inflight = &inflight{id: id, stop: stop, final: final, started: time.Now(), acks: make(map[int]Ack, len(tasks))}
@@ -512,6 +519,18 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 				wantFinal = true
 				trigger(false, true)
 				continue
+			case e.wanted.Load() && pauseC == nil:
+				// A task's write-back buffer is full: checkpoint now
+				// (its changes reach the store only through a checkpoint
+				// batch), after the minimum pause.
+				if wait := e.cfg.MinPause - time.Since(lastEnd); wait > 0 {
+					pause = time.NewTimer(wait)
+					pauseC = pause.C
+					break
+				}
+				e.log.Debug("checkpoint requested by a task", "job", e.cfg.Name)
+				trigger(false, false)
+				continue
 			}
 		}
 		select {
@@ -532,6 +551,8 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			if _, fatal := endCheckpoint(cp, fmt.Errorf("runtime: checkpoint %d timed out after %v (%d of %d tasks acknowledged)", cp.id, e.cfg.Timeout, len(cp.acks), len(tasks))); fatal != nil {
 				return fatal
 			}
+		case <-pauseC:
+			pause, pauseC = nil, nil
 		case <-discTick:
 			discPending = true
 		case <-e.discNow:
@@ -722,6 +743,16 @@ func (h *Handle) Ack(id uint64, a Ack) {
 	h.mu.acked = id
 	h.mu.Unlock()
 	h.e.ack(h, id, a)
+}
+
+// RequestCheckpoint asks the coordinator for a checkpoint as soon as none
+// is in flight (and Config.MinPause has passed), ahead of the interval:
+// keyed tasks call it when their write-back state buffer outgrows its
+// limit. It does not block; requests coalesce until the checkpoint starts.
+func (h *Handle) RequestCheckpoint() {
+	if !h.e.wanted.Swap(true) {
+		h.e.signal()
+	}
 }
 
 // Notes appends the pending notes (in checkpoint order) to dst and clears

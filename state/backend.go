@@ -23,6 +23,9 @@ var (
 // which WantsCheckpoint reports true.
 const DefaultWriteBufferLimit = 64 << 20
 
+// DefaultReadCacheSize is the default size of the cache of committed values.
+const DefaultReadCacheSize = 32 << 20
+
 // MaxNameLen bounds state names.
 const MaxNameLen = 255
 
@@ -32,6 +35,7 @@ type BackendOption interface{ apply(*backendConfig) }
 type backendConfig struct {
 	kgStart, kgEnd int
 	bufferLimit    int64
+	cacheSize      int64
 }
 
 type backendOptionFunc func(*backendConfig)
@@ -45,10 +49,20 @@ func WithKeyGroupRange(start, end uint16) BackendOption {
 	return backendOptionFunc(func(c *backendConfig) { c.kgStart, c.kgEnd = int(start), int(end) })
 }
 
-// WithWriteBufferLimit sets the write-back size (bytes) above which
-// WantsCheckpoint reports true. Default DefaultWriteBufferLimit.
+// WithWriteBufferLimit sets the size (bytes, approximate) of the changes
+// since the last Snapshot above which WantsCheckpoint reports true. Default
+// DefaultWriteBufferLimit.
 func WithWriteBufferLimit(bytes int64) BackendOption {
 	return backendOptionFunc(func(c *backendConfig) { c.bufferLimit = bytes })
+}
+
+// WithReadCacheSize sets the size (bytes, approximate) of the backend's
+// cache of committed values: the values of committed checkpoints and of
+// store reads, so that a key read again after a checkpoint costs a map
+// lookup, not a Pebble read. When it grows past size it is emptied and
+// refills. 0 or less disables it. Default DefaultReadCacheSize.
+func WithReadCacheSize(bytes int64) BackendOption {
+	return backendOptionFunc(func(c *backendConfig) { c.cacheSize = bytes })
 }
 
 // Backend holds the keyed state of one keyed operator subtask. It is NOT
@@ -59,8 +73,8 @@ func WithWriteBufferLimit(bytes int64) BackendOption {
 // frozen layers, which nothing modifies).
 //
 // Reads go: current changes, then frozen changes (newest first), then the
-// committed data in the store. Nothing is written to the store except by a
-// Part inside checkpoint.Store.Commit.
+// cache of committed values, then the committed data in the store. Nothing
+// is written to the store except by a Part inside checkpoint.Store.Commit.
 type Backend struct {
 	store  *checkpoint.Store
 	reader *checkpoint.StateReader
@@ -70,11 +84,11 @@ type Backend struct {
 
 	cur    *layer
 	frozen []*layer // oldest first; still to be confirmed committed
-	// clean is the newest committed layer, kept as a read cache: its
-	// entries equal the store's (every newer change is in frozen or cur),
-	// so the first read of a hot key after a checkpoint costs a map lookup
-	// instead of a Pebble read. It is replaced at each Committed.
-	clean  *layer
+	// cache holds committed values: its entries equal the store's (every
+	// newer change is in frozen or cur), so the first read of a key after
+	// a checkpoint costs a map lookup instead of a Pebble read. Committed
+	// merges the committed layers into it; store reads fill it.
+	cache  readCache
 	lastID uint64
 
 	key     []byte // current key
@@ -100,7 +114,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 	if maxParallelism < 1 || maxParallelism > MaxMaxParallelism {
 		return nil, fmt.Errorf("%w: max parallelism %d (1..%d)", ErrInvalid, maxParallelism, MaxMaxParallelism)
 	}
-	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit}
+	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit, cacheSize: DefaultReadCacheSize}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -114,6 +128,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 		maxP:   maxParallelism,
 		cfg:    cfg,
 		cur:    newLayer(),
+		cache:  readCache{limit: cfg.cacheSize},
 		states: map[string]string{},
 		ttl:    map[string]*stateConfig{},
 	}, nil
@@ -207,10 +222,8 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 			return entryVal(e)
 		}
 	}
-	if b.clean != nil {
-		if e, masked := b.clean.lookup(key); e != nil || masked {
-			return entryVal(e)
-		}
+	if v, ok, hit := b.cache.get(key); hit {
+		return v, ok, nil
 	}
 	var ok bool
 	var err error
@@ -218,6 +231,7 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("state: %s: %w", b.uid, err)
 	}
+	b.cache.put(unsafeString(key), b.rbuf, ok)
 	return b.rbuf, ok, nil
 }
 
@@ -400,8 +414,8 @@ func (b *Backend) Committed(id uint64) {
 	if invariants.Enabled && n > 0 && invariants.Sometimes(20) {
 		b.checkDurable(b.frozen[n-1])
 	}
-	if n > 0 {
-		b.clean = b.frozen[n-1]
+	for _, l := range b.frozen[:n] {
+		b.cache.merge(l)
 	}
 	clear(b.frozen[:n])
 	b.frozen = b.frozen[n:]
@@ -454,10 +468,13 @@ func (b *Backend) BufferedBytes() int64 {
 	return n
 }
 
-// WantsCheckpoint reports that the write-back layers exceed the limit set by
-// WithWriteBufferLimit: the runtime should trigger a checkpoint soon. This is
-// the backpressure signal; the layers do not spill to disk.
-func (b *Backend) WantsCheckpoint() bool { return b.BufferedBytes() > b.cfg.bufferLimit }
+// WantsCheckpoint reports that the changes made since the last Snapshot
+// exceed the limit set by WithWriteBufferLimit: the runtime should take a
+// checkpoint now. That is how the write-back layer spills: its changes
+// reach the store only through a checkpoint's batch, which keeps them
+// atomic with the offsets. (Frozen layers are not counted: they are in a
+// checkpoint already, and a new one would not shrink them.)
+func (b *Backend) WantsCheckpoint() bool { return b.cur.bytes > b.cfg.bufferLimit }
 
 // part is the checkpoint.Part of one snapshot: the frozen layers it covers,
 // written oldest first.
@@ -523,4 +540,75 @@ func stateConfigOf(opts []StateOption) *stateConfig {
 // expired reports whether a TTL value (expiry prefix) has expired.
 func expired(val []byte, cfg *stateConfig) bool {
 	return int64(binary.BigEndian.Uint64(val)) <= cfg.clock().UnixNano()
+}
+
+// readCache maps layer keys to committed values (ok false: absent). Keys
+// and values live in an arena; the whole cache is dropped when it outgrows
+// its limit. Only the backend's goroutine uses it.
+type readCache struct {
+	index map[string]uint32 // key (in the arena) -> ents index
+	ents  []cacheEntry
+	arena arena
+	bytes int64
+	limit int64
+}
+
+type cacheEntry struct {
+	val []byte
+	ok  bool
+}
+
+func (c *readCache) get(key []byte) (val []byte, ok, hit bool) {
+	i, hit := c.index[unsafeString(key)]
+	if !hit {
+		return nil, false, false
+	}
+	e := &c.ents[i]
+	return e.val, e.ok, true
+}
+
+func (c *readCache) reset() {
+	c.index, c.ents, c.arena, c.bytes = nil, nil, arena{}, 0
+}
+
+// put records key's committed value (key and val are copied; ok false:
+// absent).
+func (c *readCache) put(key string, val []byte, ok bool) {
+	if c.limit <= 0 {
+		return
+	}
+	if i, had := c.index[key]; had {
+		e := &c.ents[i]
+		c.bytes += int64(len(val) - len(e.val))
+		if cap(e.val) >= len(val) {
+			e.val = e.val[:len(val)]
+			copy(e.val, val)
+		} else {
+			e.val = c.arena.copy(val)
+		}
+		e.ok = ok
+		return
+	}
+	if c.index == nil || c.bytes > c.limit {
+		c.reset()
+		c.index = make(map[string]uint32)
+	}
+	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = uint32(len(c.ents))
+	c.ents = append(c.ents, cacheEntry{val: c.arena.copy(val), ok: ok})
+	c.bytes += int64(len(key)+len(val)) + 64
+}
+
+// merge applies a committed layer: its puts and deletions become the
+// cached values; a range deletion empties the cache first.
+func (c *readCache) merge(l *layer) {
+	if c.limit <= 0 {
+		return
+	}
+	if len(l.ranges) > 0 {
+		c.reset()
+	}
+	for k, i := range l.index {
+		e := &l.ents[i]
+		c.put(k, e.val, !e.del)
+	}
 }

@@ -32,8 +32,8 @@
 //
 //   - Layers: the current layer (mutable) and frozen layers (one per
 //     snapshot not yet committed, oldest first). Reads consult current, then
-//     frozen newest first, then the store; the first layer with a put, a
-//     deletion or a covering range deletion decides.
+//     frozen newest first, then the read cache, then the store; the first
+//     layer with a put, a deletion or a covering range deletion decides.
 //   - A frozen layer is never mutated, so Part.WriteTo can read it on the
 //     committer's goroutine while the subtask goroutine reads and writes the
 //     current layer. (Its sort caches are built lazily by the subtask for
@@ -46,9 +46,15 @@
 //   - Within a layer, a range deletion removes that layer's own entries in
 //     the range; a later put in the same layer wins over the range. Part
 //     writes a layer's range deletions before its points.
-//   - The write-back layers are in memory only: there is no spill to disk.
-//     WantsCheckpoint reports when they exceed WithWriteBufferLimit (default
-//     64 MiB) so that the runtime checkpoints early (the backpressure signal).
+//   - The write-back layers are in memory only. They spill through a
+//     checkpoint: WantsCheckpoint reports when the changes since the last
+//     Snapshot exceed WithWriteBufferLimit (default 64 MiB), and the runtime
+//     then takes a checkpoint ahead of its interval, whose one batch writes
+//     them with the offsets (so a spill never breaks atomicity).
+//   - Reads that reach past the layers hit a cache of committed values
+//     (WithReadCacheSize, default 32 MiB) before the store: Committed merges
+//     the committed layers into it and store reads fill it; it is emptied
+//     when it outgrows its size, or by a committed range deletion.
 //   - Nothing writes the store except a Part inside Commit; under the
 //     invariants tag the checkpoint.Writer panics outside Commit and
 //     Committed sometimes verifies that a committed layer's puts are in the
