@@ -22,15 +22,11 @@ func TestClientCredentialsAgainstNamesrv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs := newCert(t, t.TempDir(), "ns")
-	srvTLS, err := acl.ServerTLSConfig(certs.certFile, certs.keyFile, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	srvTLS, certs := serverCert(t, "ns")
 	addr := newNamesrv(t, p, acl.TLSEnforcing, srvTLS)
 
 	// What runnel's broker must do: sign REGISTER_BROKER with an admin account.
-	conn := dial(t, addr, certs.clientTLS())
+	conn := dial(t, addr, certs.ClientTLS())
 	reg := registerRequest(t)
 	unsigned := registerRequest(t)
 	acl.Sign(reg, acl.Credentials{AccessKey: "admin-ak", SecretKey: "admin-secret"})
@@ -59,7 +55,7 @@ func TestClientCredentialsAgainstNamesrv(t *testing.T) {
 		{"none", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []client.Option{client.WithNameServers(addr), client.WithTLSConfig(certs.clientTLS())}
+			opts := []client.Option{client.WithNameServers(addr), client.WithTLSConfig(certs.ClientTLS())}
 			if tc.creds != nil {
 				opts = append(opts, client.WithCredentials(*tc.creds))
 			}

@@ -239,17 +239,13 @@ func TestMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs := newCert(t, t.TempDir(), "server")
-	srvTLS, err := acl.ServerTLSConfig(certs.certFile, certs.keyFile, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	srvTLS, certs := serverCert(t, "server")
 	cells := 0
 	for _, tlsOn := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
 			mode, cliTLS := acl.TLSDisabled, (*tls.Config)(nil)
 			if tlsOn {
-				mode, cliTLS = acl.TLSEnforcing, certs.clientTLS()
+				mode, cliTLS = acl.TLSEnforcing, certs.ClientTLS()
 			}
 			tlsOpts, err := acl.TLSServerOptions(mode, srvTLS)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -54,7 +55,7 @@ func TestTLSModes(t *testing.T) {
 
 func TestServerTLSConfigErrors(t *testing.T) {
 	dir := t.TempDir()
-	c := newCert(t, dir, "srv")
+	c := testcert.New(t, "srv").WriteFiles(t, dir)
 	junk := filepath.Join(dir, "junk.pem")
 	if err := os.WriteFile(junk, []byte("not pem"), 0o600); err != nil {
 		t.Fatal(err)
@@ -64,11 +65,11 @@ func TestServerTLSConfigErrors(t *testing.T) {
 		cert, key, ca string
 		want          string
 	}{
-		{"no key", c.certFile, "", "", "both a certificate file and a key file"},
-		{"missing cert", filepath.Join(dir, "none.pem"), c.keyFile, "", "loading TLS certificate"},
-		{"key mismatch", c.caFile, c.keyFile, "", "loading TLS certificate"},
-		{"missing CA", c.certFile, c.keyFile, filepath.Join(dir, "none.pem"), "client CA file"},
-		{"junk CA", c.certFile, c.keyFile, junk, "holds no PEM certificate"},
+		{"no key", c.Cert, "", "", "both a certificate file and a key file"},
+		{"missing cert", filepath.Join(dir, "none.pem"), c.Key, "", "loading TLS certificate"},
+		{"key mismatch", c.CA, c.Key, "", "loading TLS certificate"},
+		{"missing CA", c.Cert, c.Key, filepath.Join(dir, "none.pem"), "client CA file"},
+		{"junk CA", c.Cert, c.Key, junk, "holds no PEM certificate"},
 	} {
 		if _, err := acl.ServerTLSConfig(tc.cert, tc.key, tc.ca); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
@@ -81,28 +82,25 @@ func TestServerTLSConfigErrors(t *testing.T) {
 // certificate when a client CA is configured.
 func TestTLSPortModes(t *testing.T) {
 	dir := t.TempDir()
-	srv := newCert(t, dir, "server")
-	cli := newCert(t, dir, "client") // its CA becomes the client CA
-	plainTLS, err := acl.ServerTLSConfig(srv.certFile, srv.keyFile, "")
+	srv := testcert.New(t, "server")
+	srvFiles := srv.WriteFiles(t, dir)
+	cli := testcert.New(t, "client") // its CA becomes the client CA
+	plainTLS, err := acl.ServerTLSConfig(srvFiles.Cert, srvFiles.Key, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mutualTLS, err := acl.ServerTLSConfig(srv.certFile, srv.keyFile, cli.caFile)
+	mutualTLS, err := acl.ServerTLSConfig(srvFiles.Cert, srvFiles.Key, cli.WriteFiles(t, dir).CA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clientCert, err := tls.LoadX509KeyPair(cli.certFile, cli.keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	withCert := srv.clientTLS()
-	withCert.Certificates = []tls.Certificate{clientCert}
+	withCert := srv.ClientTLS()
+	withCert.Certificates = []tls.Certificate{cli.Certificate}
 
 	type client struct {
 		name string
 		cfg  *tls.Config
 	}
-	plain, tlsNoCert, tlsCert := client{"plain", nil}, client{"tls", srv.clientTLS()}, client{"tls+cert", withCert}
+	plain, tlsNoCert, tlsCert := client{"plain", nil}, client{"tls", srv.ClientTLS()}, client{"tls+cert", withCert}
 	for _, tc := range []struct {
 		name    string
 		mode    acl.TLSMode

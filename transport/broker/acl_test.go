@@ -3,18 +3,12 @@ package broker
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -157,36 +151,6 @@ func aclCreateTopic(topic string) *protocol.Command {
 	return req
 }
 
-// aclCert returns a server TLS configuration with a fresh self-signed
-// certificate for 127.0.0.1, and a client configuration trusting it.
-func aclCert(t testing.TB) (server, client *tls.Config) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runnel broker test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, BasicConstraintsValid: true, IsCA: true,
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
-	client = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
-	return server, client
-}
-
 func aclDial(t testing.TB, addr string, cfg *tls.Config) *remoting.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -222,9 +186,9 @@ func TestBrokerACLMatrix(t *testing.T) {
 			opts := []Option{WithACL(p)}
 			var clientTLS *tls.Config
 			if useTLS {
-				var serverTLS *tls.Config
-				serverTLS, clientTLS = aclCert(t)
-				opts = append(opts, WithTLS(acl.TLSEnforcing, serverTLS))
+				cert := testcert.New(t, "runnel broker test")
+				clientTLS = cert.ClientTLS()
+				opts = append(opts, WithTLS(acl.TLSEnforcing, cert.ServerTLS()))
 			}
 			b := startBroker(t, opts...)
 			c := aclDial(t, b.Addr(), clientTLS)
@@ -285,9 +249,10 @@ func TestBrokerRegistersWithSecuredNameServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serverTLS, clientTLS := aclCert(t)
+	cert := testcert.New(t, "runnel name server test")
+	clientTLS := cert.ClientTLS()
 	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()),
-		namesrv.WithACL(nsPolicy), namesrv.WithTLS(acl.TLSEnforcing, serverTLS))
+		namesrv.WithACL(nsPolicy), namesrv.WithTLS(acl.TLSEnforcing, cert.ServerTLS()))
 	if err != nil {
 		t.Fatal(err)
 	}
