@@ -31,10 +31,15 @@ import (
 // send that fails after its retries fails the checkpoint, and the job) and
 // returns the epoch's transaction description (its half-message handles in
 // a compact binary form), which the runtime writes into checkpoint n's
-// Pebble batch. Once that batch is durable the runtime calls Commit, which
-// ends every half message with END_TRANSACTION commit; the broker makes
-// each visible exactly once, and repeats of a commit are no-ops, so Commit
-// is idempotent and a skipped or repeated notification is harmless.
+// Pebble batch. Once that batch is durable the runtime starts the commit
+// (StartCommit: the sink is an AsyncCommitter), which ends every half
+// message with END_TRANSACTION commit on a goroutine of the sink while the
+// job goes on writing epoch n+1; the broker makes each visible exactly
+// once, and repeats of a commit are no-ops, so a commit is idempotent and a
+// skipped or repeated notification is harmless. The runtime waits for the
+// commit (WaitCommits) at barrier n+1 and at the end of the job, and only
+// then stops listing the transaction in its checkpoints, so a crash while
+// it is being committed commits it again on restore.
 //
 // # Order
 //
@@ -330,6 +335,7 @@ const chunkSize = 1024
 // theirs while Write appends.
 type epochTxn struct {
 	epoch  uint64
+	tag    string    // epoch in decimal (PropEpoch)
 	first  time.Time // first Write
 	n      int
 	chunks []*[chunkSize]slot
@@ -381,8 +387,10 @@ type ExactlyOnce[T any] struct {
 	log    *slog.Logger
 	run    string
 
-	sem   chan struct{}
-	sends sync.WaitGroup // send goroutines
+	sem     chan struct{} // one token per half send queued or in flight
+	queue   chan sendReq  // half sends for the workers (capacity: cap(sem))
+	workers sync.WaitGroup
+	started bool // workers started (task goroutine)
 
 	// Task-goroutine state.
 	epoch    uint64      // tag of the open epoch
@@ -403,7 +411,10 @@ type ExactlyOnce[T any] struct {
 	}
 }
 
-var _ sink.TwoPhaseCommit[int] = (*ExactlyOnce[int])(nil)
+var (
+	_ sink.TwoPhaseCommit[int] = (*ExactlyOnce[int])(nil)
+	_ sink.AsyncCommitter      = (*ExactlyOnce[int])(nil)
+)
 
 // NewExactlyOnce returns an exactly-once sink sending mapper(v) for each
 // record v, through a producer of group on c (use TxGroup(job, sinkUID):
@@ -443,7 +454,7 @@ func NewExactlyOnce[T any](c *client.Client, group string, mapper func(T) (*clie
 	_, _ = rand.Read(rb[:]) // never fails (crypto/rand panics instead)
 	s := &ExactlyOnce[T]{
 		c: c, group: group, mapper: mapper, cfg: cfg, log: cfg.log, run: hex.EncodeToString(rb[:]),
-		sem: make(chan struct{}, cfg.maxInFlight), epoch: 1,
+		sem: make(chan struct{}, cfg.maxInFlight), queue: make(chan sendReq, cfg.maxInFlight), epoch: 1,
 		done: make(map[string]bool),
 	}
 	if s.log == nil {
@@ -532,6 +543,14 @@ func (s *ExactlyOnce[T]) Write(ctx context.Context, v T) error {
 	if err := s.refresh(ctx, ep); err != nil {
 		return err
 	}
+	if s.inflight != nil && !ep.first.IsZero() && time.Since(ep.first) > s.cfg.discardWindow/4 {
+		// The previous epoch's commit is slow (a pause, a loaded broker):
+		// stop overlapping it before this epoch nears the discard window,
+		// which would make it send everything again (refresh).
+		if err := s.waitCommit(ctx); err != nil {
+			return err
+		}
+	}
 	if ep.n >= s.cfg.maxEpoch {
 		return s.fail(fmt.Errorf("rocketmq sink: epoch %d holds more than %d records: checkpoint more often", ep.epoch, s.cfg.maxEpoch))
 	}
@@ -545,7 +564,7 @@ func (s *ExactlyOnce[T]) Write(ctx context.Context, v T) error {
 	if m.Properties == nil {
 		m.Properties = make(map[string]string, 2)
 	}
-	m.Properties[PropEpoch] = strconv.FormatUint(ep.epoch, 10)
+	m.Properties[PropEpoch] = ep.tag
 	m.Properties[PropRun] = s.run
 	select {
 	case s.sem <- struct{}{}:
@@ -555,10 +574,34 @@ func (s *ExactlyOnce[T]) Write(ctx context.Context, v T) error {
 	if ep.first.IsZero() {
 		ep.first = time.Now()
 	}
-	sl := ep.slot(ep.add(m, s.laneOf(m)))
-	s.sends.Add(1)
-	go s.send(ep, sl)
+	s.enqueue(ep, ep.slot(ep.add(m, s.laneOf(m))))
 	return nil
+}
+
+// sendWorkers is how many goroutines send half messages (each waits for
+// its send's answer; WithTxMaxInFlight bounds the sends queued for them).
+const sendWorkers = 128
+
+// sendReq is a slot of ep to send as a half message.
+type sendReq struct {
+	ep *epochTxn
+	sl *slot
+}
+
+// enqueue hands a slot to the send workers (starting them on first use);
+// the caller holds a sem token for it, which the worker releases.
+func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
+	if !s.started {
+		s.started = true
+		for range min(sendWorkers, s.cfg.maxInFlight) {
+			s.workers.Go(func() {
+				for r := range s.queue {
+					s.send(r.ep, r.sl)
+				}
+			})
+		}
+	}
+	s.queue <- sendReq{ep: ep, sl: sl} // never blocks: the sem token reserved room
 }
 
 // refresh replaces the half messages of the open epoch when it has been
@@ -597,23 +640,21 @@ func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 		}
 		sl := ep.slot(i)
 		sl.h = client.TxHandle{}
-		s.sends.Add(1)
-		go s.send(ep, sl)
+		s.enqueue(ep, sl)
 	}
 	return nil
 }
 
 func (s *ExactlyOnce[T]) openEpoch() *epochTxn {
 	if s.open == nil {
-		s.open = &epochTxn{epoch: s.epoch}
+		s.open = &epochTxn{epoch: s.epoch, tag: strconv.FormatUint(s.epoch, 10)}
 	}
 	return s.open
 }
 
-// send sends sl (a slot of ep) as a half message, with retries, on its own
-// goroutine (joined through s.sends). It touches only *sl and ep.mu.
+// send sends sl (a slot of ep) as a half message, with retries, on a send
+// worker, and releases the slot's sem token. It touches only *sl and ep.mu.
 func (s *ExactlyOnce[T]) send(ep *epochTxn, sl *slot) {
-	defer s.sends.Done()
 	defer func() { <-s.sem }()
 	ctx := context.Background() // bounded per attempt; the sink's retries bound the whole
 	err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, func(err error) bool {
@@ -722,13 +763,23 @@ func (s *ExactlyOnce[T]) PreCommit(ctx context.Context, id uint64) ([]byte, erro
 
 // Commit implements sink.TwoPhaseCommit: it commits every half message of
 // the transaction, lane by lane (see the package notes), and returns when
-// all are committed. It must not return earlier: the runtime records the
-// transaction as resolved in the next checkpoint batch as soon as Commit
-// returns, and a restart after that batch no longer lists it. The wait
-// ignores ctx's cancellation (it is bounded by the retries), so that a job
-// stopping during its restore does not fail for it. Commit is idempotent;
+// all are committed (StartCommit, then WaitCommits). Commit is idempotent;
 // after a failure that outlasted the retries the sink fails for good.
 func (s *ExactlyOnce[T]) Commit(ctx context.Context, txn []byte) error {
+	if err := s.StartCommit(ctx, txn); err != nil {
+		return err
+	}
+	return s.WaitCommits(ctx)
+}
+
+// StartCommit implements sink.AsyncCommitter: it starts committing every
+// half message of the transaction on a goroutine of the sink and returns,
+// so that the sink goes on writing the next epoch meanwhile. The commit of
+// a transaction waits for the one started before it (commits happen in
+// checkpoint order). The runtime records the transaction as committed
+// only after WaitCommits returned nil; until then every checkpoint still
+// lists it, so a restart commits it again. Idempotent.
+func (s *ExactlyOnce[T]) StartCommit(ctx context.Context, txn []byte) error {
 	if s.closed {
 		return ErrClosed
 	}
@@ -769,12 +820,29 @@ func (s *ExactlyOnce[T]) Commit(ctx context.Context, txn []byte) error {
 		defer close(job.done)
 		job.err = s.commit(d, ep)
 	}()
-	return s.waitCommit(context.WithoutCancel(ctx))
+	return nil
+}
+
+// WaitCommits implements sink.AsyncCommitter: it waits until the commit
+// in flight (if any) ended and returns its error, or the sink's failure (a
+// commit that failed makes the sink fail for good, so a failure of an
+// earlier commit is never missed).
+// The wait ignores ctx's cancellation (it is bounded by the retries of each
+// END_TRANSACTION), so that a job stopping does not abandon a commit whose
+// transaction it would then list again.
+func (s *ExactlyOnce[T]) WaitCommits(ctx context.Context) error {
+	if s.closed {
+		return ErrClosed
+	}
+	if err := s.waitCommit(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	return s.err()
 }
 
 // commitJob is a transaction being committed by the sink's committer
-// goroutine (Commit waits for it; Close joins one left by a Commit that
-// did not return).
+// goroutine (started by StartCommit; WaitCommits, the next StartCommit,
+// PreCommit and Close wait for it).
 type commitJob struct {
 	key  string
 	ep   *epochTxn
@@ -1082,8 +1150,9 @@ func (s *ExactlyOnce[T]) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.sendTimeout+closeWait)
 	defer cancel()
 	err := s.drain(ctx)
+	close(s.queue) // no Write after closed: the workers end once it is empty
 	if err == nil {
-		s.sends.Wait()
+		s.workers.Wait()
 	}
 	if job := s.inflight; job != nil {
 		<-job.done // bounded by the retries of each END_TRANSACTION
