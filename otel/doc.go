@@ -22,9 +22,11 @@
 // message's properties, the client's Injector writes them). A producer
 // send starts a PRODUCER span "<topic> send" and injects its context; a
 // job's source starts, per traced record, a CONSUMER span "<topic> receive"
-// that is a child of the producer's span; every chained operator (map,
-// filter, flatmap) and the sink write run in INTERNAL child spans of it; a
-// sink that sends with a hooked client starts the next "<topic> send" span
+// that is a child of the producer's span; every operator the record reaches
+// runs in an INTERNAL child span of it: the chained ones (map, filter,
+// flatmap), keyed handlers past a KeyBy (keyed-process, reduce, aggregate, a
+// window operator adding the record; timer firings are not traced) and the
+// sink write. A sink that sends with a hooked client starts the next "<topic> send" span
 // as a child of the sink's span, so the output message carries the same
 // trace to its consumers (ReceiveMessage starts their "receive" spans).
 // Attributes follow the OpenTelemetry messaging semantic conventions
@@ -48,7 +50,11 @@
 // probability WithSampleRatio gives (1 by default), decided before anything
 // is allocated; records whose producer's context is present follow its
 // sampled flag (parent-based). The tracer provider's own sampler applies on
-// top. An unsampled record costs a property lookup and a random number.
+// top. An unsampled record costs a property lookup and a random number;
+// an unsampled send a context lookup and a random number (and a cached
+// counter update when metrics are on). BenchmarkTracingOverhead measures the
+// end-to-end cost (tracing off, 1 % and 100 % sampled, interleaved in one
+// run).
 //
 // # Metrics
 //

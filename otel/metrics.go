@@ -30,7 +30,7 @@ type instruments struct {
 	sent, consumed                  metric.Int64Counter
 
 	opts            sync.Map // cache key (string) -> metric.MeasurementOption
-	sendOK, sendErr sync.Map // topic -> metric.MeasurementOption
+	sendOK, sendErr sync.Map // topic -> []metric.AddOption
 }
 
 func (in *instruments) init(m metric.Meter) error {
@@ -98,20 +98,20 @@ func (in *instruments) cachedOpt(key string, mk func() []attribute.KeyValue) met
 	return v.(metric.MeasurementOption)
 }
 
-func (t *Telemetry) destOpt(topic string, err error) metric.MeasurementOption {
+func (t *Telemetry) destOpt(topic string, err error) []metric.AddOption {
 	cache := &t.inst.sendOK
 	if err != nil {
 		cache = &t.inst.sendErr
 	}
 	if v, ok := cache.Load(topic); ok { // no allocation on the per-send path
-		return v.(metric.MeasurementOption)
+		return v.([]metric.AddOption)
 	}
 	a := []attribute.KeyValue{semconv.MessagingSystemRocketMQ, semconv.MessagingOperationName("send"), semconv.MessagingDestinationName(topic)}
 	if err != nil {
 		a = append(a, semconv.ErrorTypeOther)
 	}
-	v, _ := cache.LoadOrStore(topic, metric.WithAttributeSet(attribute.NewSet(a...)))
-	return v.(metric.MeasurementOption)
+	v, _ := cache.LoadOrStore(topic, []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(a...))})
+	return v.([]metric.AddOption)
 }
 
 func (t *Telemetry) pullOpt(q protocol.MessageQueue, group string, err error) metric.MeasurementOption {

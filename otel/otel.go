@@ -93,6 +93,7 @@ type Telemetry struct {
 	cfg      config
 	tracer   trace.Tracer
 	tracing  bool
+	metrics  bool // a meter provider was given or made (WithMeterProvider, WithPrometheus)
 	prop     propagation.TextMapPropagator
 	meter    metric.Meter
 	ownMP    *sdkmetric.MeterProvider
@@ -145,6 +146,8 @@ func New(opts ...Option) (*Telemetry, error) {
 	}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
+	} else {
+		t.metrics = true
 	}
 	t.meter = mp.Meter(ScopeName)
 	if err := t.inst.init(t.meter); err != nil {

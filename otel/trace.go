@@ -80,7 +80,12 @@ func (t *Telemetry) OnProduce(ctx context.Context, topic string, msgs []*client.
 // OnProduced implements client.HookProduced: it ends the send call's span
 // with the message id, queue and broker, and counts the messages sent.
 func (t *Telemetry) OnProduced(ctx context.Context, topic string, n int, res client.SendResult, err error) {
-	t.inst.sent.Add(context.Background(), int64(n), t.destOpt(topic, err))
+	if t.metrics {
+		t.inst.sent.Add(context.Background(), int64(n), t.destOpt(topic, err)...)
+	}
+	if !t.tracing {
+		return
+	}
 	span, ok := ctx.Value(sendSpanKey{}).(trace.Span)
 	if !ok {
 		return
@@ -102,6 +107,9 @@ func (t *Telemetry) OnProduced(ctx context.Context, topic string, n int, res cli
 // OnPull implements client.HookPull: pull latency per queue and the
 // messages received.
 func (t *Telemetry) OnPull(_ context.Context, req *client.PullRequest, res *client.PullResult, took time.Duration, err error) {
+	if !t.metrics {
+		return
+	}
 	opt := t.pullOpt(req.Queue, req.Group, err)
 	t.inst.opDuration.Record(context.Background(), took.Seconds(), opt)
 	if res != nil && len(res.Messages) > 0 {
