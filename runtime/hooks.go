@@ -127,8 +127,10 @@ type HookRecord interface {
 }
 
 // RecordTrace follows one traced record through a job. Its methods are
-// called on the goroutine of the task holding the record (one at a time:
-// the record moves between tasks through channels).
+// called on the goroutines of the tasks holding the record, and may be
+// called concurrently: a record (or what a handler emitted for it) sent to
+// several keyed subtasks, or to a sink and a KeyBy at once, starts operator
+// spans from several tasks. Implementations must be safe for concurrent use.
 type RecordTrace interface {
 	// Context returns parent carrying the record's trace context, handed to
 	// user functions (and sinks) that process the record.
