@@ -22,8 +22,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -53,15 +53,15 @@ func uniqueName(prefix string) string {
 
 // brokerEnv is a name server and a broker registered with it.
 type brokerEnv struct {
-	ns     *namesrv.Server
 	b      *broker.Broker
 	nsAddr string
 	addr   string // the broker's advertised address
 }
 
-// startBrokerEnv starts a name server and a broker on 127.0.0.1:0 with a
-// fresh data dir, waits until the name server routes TBW102 (the broker
-// registers asynchronously) and stops both at the end of the test.
+// startBrokerEnv starts a name server and a broker (FlushSync, the
+// broker's default, unless opts say otherwise) with testutil.RunCluster,
+// which returns once the name server routes the broker's topics and stops
+// both at the end of the test.
 //
 // In a child started by runOutsideRace it starts nothing and uses the
 // parent's name server and broker instead.
@@ -74,44 +74,8 @@ func startBrokerEnv(tb testing.TB, opts ...broker.Option) *brokerEnv {
 		}
 		return &brokerEnv{nsAddr: nsAddr, addr: addr}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"))
-	if err != nil {
-		tb.Fatalf("namesrv.New: %v", err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		tb.Fatalf("namesrv.Start: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := ns.Shutdown(ctx); err != nil {
-			tb.Errorf("namesrv.Shutdown: %v", err)
-		}
-	})
-	all := append([]broker.Option{
-		broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithDataDir(tb.TempDir()),
-		broker.WithNameServers(ns.Addr()),
-	}, opts...)
-	b, err := broker.New(all...)
-	if err != nil {
-		tb.Fatalf("broker.New: %v", err)
-	}
-	if err := b.Start(ctx); err != nil {
-		tb.Fatalf("broker.Start: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Shutdown(ctx); err != nil {
-			tb.Errorf("broker.Shutdown: %v", err)
-		}
-	})
-	env := &brokerEnv{ns: ns, b: b, nsAddr: ns.Addr(), addr: b.AdvertisedAddr()}
-	env.waitRoute(tb, "TBW102", 0)
-	return env
+	cl := testutil.RunCluster(tb, append([]broker.Option{broker.WithFlushMode(broker.FlushSync)}, opts...)...)
+	return &brokerEnv{b: cl.Broker, nsAddr: cl.NameServer, addr: cl.Broker.AdvertisedAddr()}
 }
 
 // envParentBroker names the environment variable that hands a child test

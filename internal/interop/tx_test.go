@@ -13,7 +13,6 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/runnel-dev/runnel/transport/broker"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -64,39 +63,6 @@ func (l *txiListener) checked(want string) int {
 	return l.checks[want]
 }
 
-// txiStart starts a name server and a broker with a fast transaction
-// check-back, both stopped at the end of the test; it returns both addresses.
-func txiStart(t *testing.T) (nsAddr, brokerAddr string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithNameServers(ns.Addr()),
-		broker.WithTransactionCheckInterval(100*time.Millisecond), broker.WithTransactionTimeout(500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Shutdown(ctx); err != nil {
-			t.Errorf("broker shutdown: %v", err)
-		}
-	})
-	return ns.Addr(), b.Addr()
-}
-
 // txiBodies pulls every message of topic's queues 0..queues-1 over a raw
 // connection and returns the bodies, sorted.
 func txiBodies(t *testing.T, addr, topic string, queues int32) []string {
@@ -143,7 +109,10 @@ func txiBodies(t *testing.T, addr, topic string, queues int32) []string {
 }
 
 func TestOfficialTransactionProducer(t *testing.T) {
-	nsAddr, addr := txiStart(t)
+	// A fast transaction check-back.
+	env := startBrokerEnv(t, broker.WithTransactionCheckInterval(100*time.Millisecond),
+		broker.WithTransactionTimeout(500*time.Millisecond))
+	nsAddr, addr := env.nsAddr, env.b.Addr()
 	topic := fmt.Sprintf("txi_%d", time.Now().UnixNano()%1_000_000)
 	group := topic + "_pg"
 	l := &txiListener{checks: map[string]int{}}
