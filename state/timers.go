@@ -1,10 +1,10 @@
 package state
 
 import (
-	"container/heap"
 	"encoding/binary"
 	"fmt"
 	"iter"
+	"slices"
 
 	"github.com/runnel-dev/runnel/internal/invariants"
 )
@@ -19,7 +19,9 @@ const (
 	ProcessingTime TimeDomain = 2
 )
 
-// Timer is a registered timer. Key is the caller's copy.
+// Timer is a registered timer. Key is read-only: it shares the memory of
+// the fired timer, which the Timers never use again, so the caller may keep
+// it.
 type Timer struct {
 	Domain    TimeDomain
 	Timestamp int64
@@ -35,10 +37,17 @@ type Timer struct {
 //
 // Stored key: keyGroup | name | domain(1) | timestamp (8 BE, sign flipped) |
 // key, with an empty value, so a key group's timers sort by time.
+//
+// In memory each domain keeps one bucket per distinct timestamp, in a heap
+// by timestamp. A bucket's keys are appended unsorted as timers register
+// and sorted once when the bucket first comes due, so the common case of
+// many keys with a timer at the same time (a window's end) costs an append
+// to register and a slice step to fire, not a heap operation on long,
+// mostly equal keys.
 type Timers struct {
-	h     handle
-	set   map[string]struct{} // layer keys of the registered timers
-	heaps [3]timerHeap        // by domain; may hold deleted timers
+	h   handle
+	set map[string]struct{} // layer keys of the registered timers
+	q   [3]timerQueue       // by domain
 	// n counts the members of set by domain (index EventTime,
 	// ProcessingTime), kept exact by every change of set so that Len is
 	// O(1): the keyed task asks it for every message.
@@ -46,28 +55,34 @@ type Timers struct {
 	kbuf []byte
 }
 
-type timerItem struct {
-	ts  int64
-	key string // layer key: kg | name | domain | ts | user key
+// timerQueue is one domain's timers: buckets by timestamp, and a min-heap
+// of them.
+type timerQueue struct {
+	heap    []*timerBucket
+	buckets map[int64]*timerBucket
+	last    *timerBucket   // the bucket of the last registration (a cache)
+	free    []*timerBucket // recycled buckets
 }
 
-type timerHeap []timerItem
+// timerBucket holds the timers of one domain and timestamp.
+type timerBucket struct {
+	ts int64
+	at int // index in the heap
+	// keys are layer keys; keys[:next] were popped. keys[next:] may hold
+	// deleted timers and duplicates (a timer deleted, then registered
+	// again): the set says which are live.
+	keys   []string
+	next   int
+	sorted bool // keys[next:] are in order
+	live   int  // the bucket's timers in the set
+}
 
-func (h timerHeap) Len() int { return len(h) }
-func (h timerHeap) Less(i, j int) bool {
-	if h[i].ts != h[j].ts {
-		return h[i].ts < h[j].ts
-	}
-	return h[i].key < h[j].key
-}
-func (h timerHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)   { *h = append(*h, x.(timerItem)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
+// A queue recycles up to maxFreeBuckets buckets, keeping their key slices
+// of up to maxFreeKeys.
+const (
+	maxFreeBuckets = 16
+	maxFreeKeys    = 4096
+)
 
 // NewTimers registers the timer service name on b and loads its timers.
 func NewTimers(b *Backend, name string) (*Timers, error) {
@@ -84,18 +99,13 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 			}
 			k := string(appendLayerKey(nil, uint16(kg), sk))
 			if _, dup := t.set[k]; !dup {
-				t.set[k] = struct{}{}
-				t.n[rest[0]]++
+				t.add(TimeDomain(rest[0]), decodeTS(rest[1:9]), k)
 			}
-			t.heaps[rest[0]] = append(t.heaps[rest[0]], timerItem{ts: decodeTS(rest[1:9]), key: k})
 			return true, nil
 		})
 		if err != nil {
 			return nil, err
 		}
-	}
-	for d := range t.heaps {
-		heap.Init(&t.heaps[d])
 	}
 	return t, nil
 }
@@ -113,7 +123,36 @@ func (t *Timers) timerKey(d TimeDomain, ts int64) ([]byte, error) {
 	t.kbuf = appendLayerKey(t.kbuf[:0], b.kg, t.h.prefix)
 	t.kbuf = append(t.kbuf, byte(d))
 	t.kbuf = binary.BigEndian.AppendUint64(t.kbuf, uint64(ts)^(1<<63))
-	return append(t.kbuf, b.key...), nil
+	t.kbuf = append(t.kbuf, b.key...)
+	return t.kbuf, nil
+}
+
+// add indexes a timer that is not in the set.
+func (t *Timers) add(d TimeDomain, ts int64, k string) {
+	t.set[k] = struct{}{}
+	t.n[d]++
+	q := &t.q[d]
+	bk := q.last
+	if bk == nil || bk.ts != ts {
+		bk = q.buckets[ts]
+		if bk == nil {
+			bk = q.newBucket(ts)
+		}
+		q.last = bk
+	}
+	bk.live++
+	switch {
+	case !bk.sorted || k >= bk.keys[len(bk.keys)-1]:
+		bk.keys = append(bk.keys, k)
+	case bk.next == 0:
+		bk.keys = append(bk.keys, k) // sorted again when it comes due
+		bk.sorted = false
+	default:
+		// A timer registered at the time being fired: the rest stays in
+		// order (it may pop next).
+		i, _ := slices.BinarySearch(bk.keys[bk.next:], k)
+		bk.keys = slices.Insert(bk.keys, bk.next+i, k)
+	}
 }
 
 // Register adds a timer for the current key (a duplicate is a no-op).
@@ -125,12 +164,21 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 	if _, dup := t.set[string(k)]; dup {
 		return nil
 	}
-	ks := string(k)
-	t.set[ks] = struct{}{}
-	t.n[d]++
-	heap.Push(&t.heaps[d], timerItem{ts: ts, key: ks})
+	t.add(d, ts, string(k))
 	t.h.b.cur.put(k, nil)
 	return nil
+}
+
+// Has reports whether the current key has a timer at ts in domain d
+// (registered, and neither fired nor deleted). It is false without a
+// current key or for an unknown domain.
+func (t *Timers) Has(d TimeDomain, ts int64) bool {
+	k, err := t.timerKey(d, ts)
+	if err != nil {
+		return false
+	}
+	_, ok := t.set[string(k)]
+	return ok
 }
 
 // Delete removes the current key's timer (absent is a no-op).
@@ -144,56 +192,97 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 	}
 	delete(t.set, string(k))
 	t.n[d]--
+	q := &t.q[d]
+	if bk := q.buckets[ts]; bk != nil {
+		bk.live--
+		if bk.live == 0 {
+			q.drop(bk)
+		} else if stale := len(bk.keys) - bk.next - bk.live; stale > 64 && stale > bk.live {
+			t.compact(bk)
+		}
+	}
 	t.h.b.cur.del(k)
 	return nil
 }
 
-// top drops deleted timers from the top of d's heap and returns the first
-// live one.
-func (t *Timers) top(d TimeDomain) (timerItem, bool) {
-	if d != EventTime && d != ProcessingTime {
-		return timerItem{}, false
+// compact drops the deleted timers and duplicates from bk's unpopped keys
+// (leaving them sorted): a bucket holds at most about twice its live
+// timers, however often timers are deleted and registered again.
+func (t *Timers) compact(bk *timerBucket) {
+	rest := bk.keys[bk.next:]
+	if !bk.sorted {
+		slices.Sort(rest)
+		bk.sorted = true
 	}
-	h := &t.heaps[d]
-	for h.Len() > 0 {
-		it := (*h)[0]
-		if _, ok := t.set[it.key]; ok {
-			return it, true
+	n := 0
+	for i, k := range rest {
+		if i > 0 && k == rest[i-1] {
+			continue
 		}
-		heap.Pop(h)
+		if _, ok := t.set[k]; ok {
+			rest[n] = k
+			n++
+		}
 	}
-	return timerItem{}, false
+	clear(rest[n:])
+	bk.keys = bk.keys[:bk.next+n]
+}
+
+// top returns the earliest bucket of domain d (nil: none).
+func (t *Timers) top(d TimeDomain) *timerBucket {
+	if d != EventTime && d != ProcessingTime || len(t.q[d].heap) == 0 {
+		return nil
+	}
+	return t.q[d].heap[0]
 }
 
 // NextTimestamp returns the earliest timer's timestamp in domain d.
 func (t *Timers) NextTimestamp(d TimeDomain) (int64, bool) {
-	it, ok := t.top(d)
-	return it.ts, ok
+	if bk := t.top(d); bk != nil {
+		return bk.ts, true
+	}
+	return 0, false
 }
 
 // PopDue removes and returns the earliest timer of domain d with
-// Timestamp <= upTo; false when none is due. The caller typically calls
-// SetCurrentKey(timer.Key) before using handles.
+// Timestamp <= upTo (ties by key group, then key); false when none is due.
+// The caller typically calls SetCurrentKey(timer.Key) before using handles.
 func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
-	it, ok := t.top(d)
-	if !ok || it.ts > upTo {
+	bk := t.top(d)
+	if bk == nil || bk.ts > upTo {
 		return Timer{}, false, nil
 	}
-	heap.Pop(&t.heaps[d])
-	delete(t.set, it.key)
-	t.n[d]--
-	k := unsafeBytes(it.key)
-	hdr := 2 + len(t.h.prefix) + 9
-	if len(k) < hdr {
-		return Timer{}, false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, t.h.name)
+	if !bk.sorted {
+		slices.Sort(bk.keys[bk.next:])
+		bk.sorted = true
 	}
-	t.h.b.cur.del(k)
-	return Timer{
-		Domain:    d,
-		Timestamp: it.ts,
-		KeyGroup:  binary.BigEndian.Uint16(k),
-		Key:       append([]byte(nil), k[hdr:]...),
-	}, true, nil
+	// A live bucket has a live key among keys[next:].
+	for {
+		k := bk.keys[bk.next]
+		bk.next++
+		if _, ok := t.set[k]; !ok {
+			continue // deleted, or a duplicate already fired
+		}
+		delete(t.set, k)
+		t.n[d]--
+		ts := bk.ts
+		bk.live--
+		if bk.live == 0 {
+			t.q[d].drop(bk)
+		}
+		kb := unsafeSlice(k)
+		hdr := 2 + len(t.h.prefix) + 9
+		if len(kb) < hdr {
+			return Timer{}, false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, t.h.name)
+		}
+		t.h.b.cur.del(kb)
+		return Timer{
+			Domain:    d,
+			Timestamp: ts,
+			KeyGroup:  binary.BigEndian.Uint16(kb),
+			Key:       kb[hdr:len(kb):len(kb)],
+		}, true, nil
+	}
 }
 
 // Due yields (and removes) the due timers of domain d in timestamp order
@@ -220,10 +309,35 @@ func (t *Timers) Len(d TimeDomain) int {
 	if d != EventTime && d != ProcessingTime {
 		return 0
 	}
-	if invariants.Enabled && invariants.Sometimes(1) && t.n[d] != t.count(d) {
-		panic("state: timer count out of step with the timer set")
+	if invariants.Enabled && invariants.Sometimes(1) {
+		t.check(d)
 	}
 	return t.n[d]
+}
+
+// check verifies domain d's counts and buckets against the set
+// (invariants only).
+func (t *Timers) check(d TimeDomain) {
+	if t.n[d] != t.count(d) {
+		panic("state: timer count out of step with the timer set")
+	}
+	q := &t.q[d]
+	live := 0
+	for i, bk := range q.heap {
+		if bk.at != i || q.buckets[bk.ts] != bk || bk.live <= 0 {
+			panic("state: timer bucket out of place")
+		}
+		if i > 0 && q.heap[(i-1)/2].ts > bk.ts {
+			panic("state: timer heap out of order")
+		}
+		if bk.sorted && !slices.IsSorted(bk.keys[bk.next:]) {
+			panic("state: timer bucket out of order")
+		}
+		live += bk.live
+	}
+	if live != t.n[d] || len(q.buckets) != len(q.heap) {
+		panic("state: timer buckets out of step with the timer set")
+	}
 }
 
 // count counts the registered timers of domain d by walking the set.
@@ -235,4 +349,90 @@ func (t *Timers) count(d TimeDomain) int {
 		}
 	}
 	return n
+}
+
+// newBucket adds an empty bucket for ts.
+func (q *timerQueue) newBucket(ts int64) *timerBucket {
+	var bk *timerBucket
+	if n := len(q.free); n > 0 {
+		bk, q.free = q.free[n-1], q.free[:n-1]
+	} else {
+		bk = &timerBucket{}
+	}
+	bk.ts = ts
+	if q.buckets == nil {
+		q.buckets = map[int64]*timerBucket{}
+	}
+	q.buckets[ts] = bk
+	bk.at = len(q.heap)
+	q.heap = append(q.heap, bk)
+	q.up(bk.at)
+	return bk
+}
+
+// drop removes bucket bk (no live timers left) and recycles it.
+func (q *timerQueue) drop(bk *timerBucket) {
+	delete(q.buckets, bk.ts)
+	if q.last == bk {
+		q.last = nil
+	}
+	i := bk.at
+	n := len(q.heap) - 1
+	if i != n {
+		q.swap(i, n)
+	}
+	q.heap[n] = nil
+	q.heap = q.heap[:n]
+	if i != n {
+		if !q.down(i) {
+			q.up(i)
+		}
+	}
+	if len(q.free) == maxFreeBuckets {
+		return
+	}
+	keys := bk.keys[:0]
+	if cap(keys) > maxFreeKeys {
+		keys = nil
+	} else {
+		clear(bk.keys[:cap(bk.keys)]) // let the keys go
+	}
+	*bk = timerBucket{keys: keys}
+	q.free = append(q.free, bk)
+}
+
+func (q *timerQueue) swap(i, j int) {
+	q.heap[i], q.heap[j] = q.heap[j], q.heap[i]
+	q.heap[i].at, q.heap[j].at = i, j
+}
+
+func (q *timerQueue) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if q.heap[p].ts <= q.heap[i].ts {
+			return
+		}
+		q.swap(i, p)
+		i = p
+	}
+}
+
+// down sifts element i down; it reports whether it moved.
+func (q *timerQueue) down(i int) bool {
+	i0, n := i, len(q.heap)
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if r := c + 1; r < n && q.heap[r].ts < q.heap[c].ts {
+			c = r
+		}
+		if q.heap[i].ts <= q.heap[c].ts {
+			break
+		}
+		q.swap(i, c)
+		i = c
+	}
+	return i > i0
 }

@@ -3,6 +3,7 @@ package window
 import (
 	"fmt"
 
+	"github.com/runnel-dev/runnel/internal/invariants"
 	"github.com/runnel-dev/runnel/state"
 )
 
@@ -12,8 +13,9 @@ import (
 // the state of a possibly larger actual window).
 type contents[K comparable, T, OUT any] interface {
 	open(b *state.Backend) error
-	// add adds v to sw; created reports that sw had no data before.
-	add(sw span, v T) (created bool, err error)
+	// add adds v to sw; created reports that sw had no data before. With
+	// empty the caller knows that sw has no data (it is not read).
+	add(sw span, v T, empty bool) (created bool, err error)
 	// fire emits sw's results through out, with p.Firing set to its firing
 	// index, and then drops the data (purge) or counts the firing. It
 	// reports false when sw has no data.
@@ -49,10 +51,17 @@ func (c *incContents[K, T, ACC, OUT]) open(b *state.Backend) (err error) {
 	return err
 }
 
-func (c *incContents[K, T, ACC, OUT]) add(sw span, v T) (bool, error) {
-	e, ok, err := c.m.Get(sw)
-	if err != nil {
-		return false, err
+func (c *incContents[K, T, ACC, OUT]) add(sw span, v T, empty bool) (bool, error) {
+	var e accEntry[ACC]
+	ok := false
+	if !empty || invariants.Sometimes(10) {
+		var err error
+		if e, ok, err = c.m.Get(sw); err != nil {
+			return false, err
+		}
+		if empty && ok {
+			panic("window: a window known to be empty has state")
+		}
 	}
 	e.acc = c.fn.add(e.acc, ok, v)
 	return !ok, c.m.Put(sw, e)
@@ -125,10 +134,17 @@ func (c *procContents[K, T, OUT]) open(b *state.Backend) (err error) {
 	return err
 }
 
-func (c *procContents[K, T, OUT]) add(sw span, v T) (bool, error) {
-	m, ok, err := c.meta.Get(sw)
-	if err != nil {
-		return false, err
+func (c *procContents[K, T, OUT]) add(sw span, v T, empty bool) (bool, error) {
+	var m contentsMeta
+	ok := false
+	if !empty || invariants.Sometimes(10) {
+		var err error
+		if m, ok, err = c.meta.Get(sw); err != nil {
+			return false, err
+		}
+		if empty && ok {
+			panic("window: a window known to be empty has state")
+		}
 	}
 	if err := c.elems.Put(elemKey{w: sw, seq: m.next}, v); err != nil {
 		return false, err

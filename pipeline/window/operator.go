@@ -193,7 +193,7 @@ func (o *operator[K, T, OUT]) ProcessElement(ctx *pipeline.KeyedContext[K, Resul
 			continue // the window expired
 		}
 		skipped = false
-		created, err := o.cont.add(w, v)
+		created, err := o.cont.add(w, v, o.stateless(w))
 		if err != nil {
 			return err
 		}
@@ -285,7 +285,7 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 			return err
 		}
 	}
-	if _, err := o.cont.add(sw, v); err != nil {
+	if _, err := o.cont.add(sw, v, false); err != nil {
 		return err
 	}
 	if o.a.eventTime() && actual.maxTs() <= wm {
@@ -310,6 +310,25 @@ func (o *operator[K, T, OUT]) storeSessions(ents []session) error {
 	}
 	slices.SortFunc(ents, func(x, y session) int { return cmp.Compare(x.actual.start, y.actual.start) })
 	return o.sessions.Set(ents)
+}
+
+// stateless reports that window w of the current key is known to have no
+// state, so that adding to it needs no read (for a new window the read
+// would miss every cache and reach the store). With the default trigger a
+// tumbling or sliding window has state exactly while its cleanup timer
+// (event time) or firing timer (processing time) is registered: the timer
+// is registered when the state is created, the state is cleared when the
+// timer fires, and a window whose cleanup time passed gets no state again.
+// The in-memory timer index answers without a store read.
+func (o *operator[K, T, OUT]) stateless(w span) bool {
+	if o.trig != nil || o.a.merging() {
+		return false
+	}
+	if o.a.procTime {
+		return !o.ctx.HasProcessingTimer(time.Unix(0, w.maxTs()))
+	}
+	c := o.cleanupTime(w)
+	return c != math.MaxInt64 && !o.ctx.HasEventTimer(time.Unix(0, c))
 }
 
 // registerTimers registers the default trigger's timers of a new window:
