@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/poll"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/namesrv"
@@ -96,21 +97,9 @@ func (cl *Cluster) waitRegistered(t testing.TB, ctx context.Context) {
 // CheckFor calls fn every `every` until it returns nil, and fails t with
 // fn's last error if that has not happened within total. fn runs at least
 // once. It blocks the calling goroutine; it must be called from the test's
-// goroutine because it may call t.Fatalf.
+// goroutine because it may call t.Fatalf. It is poll.Until, which the tests
+// of packages this one imports use directly.
 func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	tick := time.NewTicker(max(every, time.Millisecond))
-	defer tick.Stop()
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if !time.Now().Before(deadline) {
-			t.Fatalf("still failing after %v: %v", total, err)
-			return
-		}
-		<-tick.C
-	}
+	poll.Until(t, total, every, fn)
 }

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil/poll"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -197,17 +198,7 @@ func checkGolden(t *testing.T, name string, got []byte) {
 // deadline passes.
 func waitFor(t testing.TB, total time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", total, err)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
-	}
+	poll.Until(t, total, 5*time.Millisecond, cond)
 }
 
 // goRoute is a route as rocketmq-client-go's TopicRouteData.decode sees it
