@@ -162,3 +162,40 @@ func BenchmarkInvokeAsyncTimeout(b *testing.B) {
 		})
 	}
 }
+
+// withoutSock turns off direct writes and read-buffer release (noSock).
+func withoutSock() CommonOption { return commonOpt(func(c *connConfig) { c.noSock = true }) }
+
+// BenchmarkRoundTripDirect compares one synchronous round trip at a time
+// (an inline processor, as the broker's sends) with direct writes on both
+// sides (direct=on: the caller and the processor write their frames) and
+// without (direct=off: every frame handed to a writer goroutine), in the
+// same run.
+func BenchmarkRoundTripDirect(b *testing.B) {
+	for _, direct := range []bool{true, false} {
+		b.Run(fmt.Sprintf("direct=%v", direct), func(b *testing.B) {
+			var opts []ServerOption
+			var copts []Option
+			if !direct {
+				opts, copts = append(opts, withoutSock()), append(copts, withoutSock())
+			}
+			s, addr := newTestServer(b, opts...)
+			s.HandleInline(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+				resp := protocol.NewResponse(rc.Request(), 0, "")
+				resp.SetExt("queueOffset", "42")
+				return resp, nil
+			}))
+			c := dialT(b, addr, copts...)
+			ctx := context.Background()
+			req := benchRequest()
+			b.ReportAllocs()
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if _, err := c.Invoke(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu0)
+		})
+	}
+}

@@ -260,6 +260,13 @@ func startClientConn(nc net.Conn, cfg connConfig) *Conn {
 	return c
 }
 
+func newSockUnless(off bool, nc net.Conn) *sock {
+	if off {
+		return nil
+	}
+	return newSock(nc)
+}
+
 // newConn builds a Conn around nc without starting it. parent is the
 // ancestor of the lifetime ctx handlers get.
 func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
@@ -273,7 +280,7 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 		asyncSem:   make(chan struct{}, cfg.maxAsync),
 		onewaySem:  make(chan struct{}, cfg.maxOneway),
 		handlerSem: make(chan struct{}, cfg.handlers),
-		sock:       newSock(nc),
+		sock:       newSockUnless(cfg.noSock, nc),
 		work:       make(chan *protocol.Command),
 		quit:       make(chan struct{}),
 	}

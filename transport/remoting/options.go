@@ -112,6 +112,10 @@ type connConfig struct {
 	// (rate-limited) connection-level events; a Conn of its own logs them
 	// itself.
 	limitHit func(k limitKind, remote net.Addr, args ...any)
+	// noSock (tests and benchmarks only) treats a TCP connection as any
+	// other: every frame goes through the writer goroutine and the read
+	// buffer is kept, as before direct writes existed.
+	noSock bool
 }
 
 func defaultConnConfig() connConfig {
