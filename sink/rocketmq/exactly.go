@@ -245,17 +245,18 @@ type txOptionFunc func(*txConfig)
 func (f txOptionFunc) applyTx(c *txConfig) { f(c) }
 
 type txConfig struct {
-	lanes         int
-	maxInFlight   int
-	attempts      int
-	retry         backoff.Policy
-	sendTimeout   time.Duration
-	discardWindow time.Duration
-	maxEpoch      int
-	log           *slog.Logger
-	hook          func(p Phase, epoch uint64)
-	producerOpts  []client.ProducerOption
-	faults        TxFaults
+	lanes          int
+	maxInFlight    int
+	attempts       int
+	retry          backoff.Policy
+	sendTimeout    time.Duration
+	sendTimeoutSet bool // else each request gets the client's request timeout
+	discardWindow  time.Duration
+	maxEpoch       int
+	log            *slog.Logger
+	hook           func(p Phase, epoch uint64)
+	producerOpts   []client.ProducerOption
+	faults         TxFaults
 }
 
 // TxFaults injects deliberate bugs for tests that prove the exactly-once
@@ -285,10 +286,11 @@ func WithTxRetry(attempts int, p backoff.Policy) TxOption {
 	return txOptionFunc(func(c *txConfig) { c.attempts, c.retry = attempts, p })
 }
 
-// WithTxSendTimeout bounds each request to the broker (default
-// client.DefaultRequestTimeout).
+// WithTxSendTimeout bounds each request to the broker (default: the
+// client's request timeout, client.DefaultRequestTimeout unless the client
+// was configured otherwise).
 func WithTxSendTimeout(d time.Duration) TxOption {
-	return txOptionFunc(func(c *txConfig) { c.sendTimeout = d })
+	return txOptionFunc(func(c *txConfig) { c.sendTimeout, c.sendTimeoutSet = d, true })
 }
 
 // WithDiscardWindow sets the broker's discard window: transaction timeout +
@@ -497,6 +499,16 @@ func (s *ExactlyOnce[T]) fail(err error) error {
 	return s.err()
 }
 
+// attemptCtx returns the context of one request to the broker: ctx itself
+// unless WithTxSendTimeout was given (the client then bounds the request
+// by its own request timeout, without a timer per call).
+func (s *ExactlyOnce[T]) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !s.cfg.sendTimeoutSet {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.cfg.sendTimeout)
+}
+
 func txKey(run string, epoch uint64) string { return run + "/" + strconv.FormatUint(epoch, 10) }
 
 // laneOf picks the commit lane of m: FNV-32a of its sharding key (else its
@@ -660,7 +672,7 @@ func (s *ExactlyOnce[T]) send(ep *epochTxn, sl *slot) {
 	err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, func(err error) bool {
 		return !errors.Is(err, client.ErrInvalidMessage) && !errors.Is(err, client.ErrClosed)
 	}, func(int) error {
-		actx, cancel := context.WithTimeout(ctx, s.cfg.sendTimeout)
+		actx, cancel := s.attemptCtx(ctx)
 		defer cancel()
 		h, err := s.p.SendHalf(actx, sl.m)
 		if err != nil {
@@ -942,7 +954,7 @@ func (s *ExactlyOnce[T]) endOne(ctx context.Context, h *client.TxHandle, commit 
 	return backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, func(err error) bool {
 		return !errors.Is(err, errDiscardedHalf) && !errors.Is(err, ErrRolledBack) && !errors.Is(err, client.ErrClosed) && ctx.Err() == nil
 	}, func(int) error {
-		actx, cancel := context.WithTimeout(ctx, s.cfg.sendTimeout)
+		actx, cancel := s.attemptCtx(ctx)
 		defer cancel()
 		err := s.p.EndTransaction(actx, *h, commit)
 		if err == nil {
@@ -1026,7 +1038,7 @@ func (s *ExactlyOnce[T]) resend(ctx context.Context, d *txnDesc, ep *epochTxn, d
 		m := ep.slot(i).m
 		var h client.TxHandle
 		err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, nil, func(int) error {
-			actx, cancel := context.WithTimeout(ctx, s.cfg.sendTimeout)
+			actx, cancel := s.attemptCtx(ctx)
 			defer cancel()
 			var err error
 			h, err = s.p.SendHalf(actx, m)
