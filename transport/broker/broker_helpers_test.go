@@ -3,12 +3,14 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/poll"
 	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
@@ -22,9 +24,10 @@ func testLogger() *slog.Logger {
 	return nil
 }
 
-// startBroker starts a broker on 127.0.0.1:0 with a fresh data dir (unless
-// opts set one) and shuts it down at the end of the test.
-func startBroker(tb testing.TB, opts ...Option) *Broker {
+// newStartedBroker starts a broker on 127.0.0.1:0 with a fresh data dir
+// (opts apply after these defaults and may override them); stopping it is
+// the caller's business.
+func newStartedBroker(tb testing.TB, opts ...Option) *Broker {
 	tb.Helper()
 	all := append([]Option{WithDataDir(tb.TempDir()), WithListenAddr("127.0.0.1:0"), WithLogger(testLogger())}, opts...)
 	b, err := New(all...)
@@ -36,6 +39,14 @@ func startBroker(tb testing.TB, opts ...Option) *Broker {
 	if err := b.Start(ctx); err != nil {
 		tb.Fatalf("Start: %v", err)
 	}
+	return b
+}
+
+// startBroker is newStartedBroker, shut down gracefully at the end of the
+// test (an error of that shutdown fails the test).
+func startBroker(tb testing.TB, opts ...Option) *Broker {
+	tb.Helper()
+	b := newStartedBroker(tb, opts...)
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -180,13 +191,12 @@ func decodePull(tb testing.TB, resp *protocol.Command) pullResult {
 // waitFor polls cond every few milliseconds until it holds or d passes.
 func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", d, what)
+	poll.Until(tb, d, 2*time.Millisecond, func() error {
+		if cond() {
+			return nil
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return errors.New("waiting for " + what)
+	})
 }
 
 func props(kv ...string) string {

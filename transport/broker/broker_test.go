@@ -763,15 +763,9 @@ func TestBrokerValidation(t *testing.T) {
 // send, gone after Shutdown.
 func TestBrokerNameServer(t *testing.T) {
 	ns := startNameServer(t)
-	b, err := New(WithDataDir(t.TempDir()), WithListenAddr("127.0.0.1:0"), WithNameServers(ns.Addr()), WithLogger(testLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newStartedBroker(t, WithNameServers(ns.Addr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	nc := dial(t, ns.Addr())
 	route := func(topic string) (protocol.TopicRouteData, bool) {
 		req := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
@@ -840,15 +834,9 @@ func TestBrokerRegistrationReconnects(t *testing.T) {
 // restart on the same data dir.
 func TestBrokerRestart(t *testing.T) {
 	dir := t.TempDir()
-	b1, err := New(WithDataDir(dir), WithListenAddr("127.0.0.1:0"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b1 := newStartedBroker(t, WithDataDir(dir))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := b1.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	c := dial(t, b1.Addr())
 	var ids []string
 	for i := range 5 {

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil/poll"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -38,16 +39,7 @@ func (c *subClock) advance(d time.Duration) { c.skew.Add(int64(d)) }
 // c, closed at cleanup (closing it earlier is fine).
 func subBroker(t testing.TB, dir string, c *subClock, opts ...Option) *Broker {
 	t.Helper()
-	opts = append([]Option{WithDataDir(dir), WithListenAddr("127.0.0.1:0"), WithClock(c.now)}, opts...)
-	b, err := New(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b := newStartedBroker(t, append([]Option{WithDataDir(dir), WithClock(c.now)}, opts...)...)
 	t.Cleanup(func() {
 		if err := b.Close(); err != nil {
 			t.Errorf("close broker: %v", err)
@@ -106,13 +98,7 @@ func (c *subClient) requests(code int32) []*protocol.Command {
 
 func (c *subClient) invoke(t testing.TB, req *protocol.Command) *protocol.Command {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := c.Invoke(ctx, req)
-	if err != nil {
-		t.Fatalf("invoke code %d: %v", req.Code, err)
-	}
-	return resp
+	return invoke(t, c.Conn, req)
 }
 
 // heartbeat sends a HEART_BEAT for consumer group (subscribed to topics
@@ -197,17 +183,19 @@ func subMessages(t testing.TB, b *Broker, topic string, queue int32) []protocol.
 // deadline passes.
 func subEventually(t testing.TB, within time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := cond()
-		if err == nil {
-			return
+	poll.Until(t, within, 10*time.Millisecond, cond)
+}
+
+// subWaitHolds waits up to 5 s until topic's queue holds exactly want
+// messages.
+func subWaitHolds(t testing.TB, b *Broker, topic string, queue int32, want int) {
+	t.Helper()
+	subEventually(t, 5*time.Second, func() error {
+		if n := len(subMessages(t, b, topic, queue)); n != want {
+			return fmt.Errorf("%s/%d holds %d messages, want %d", topic, queue, n, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", within, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // subNever checks that cond stays false for the whole duration.

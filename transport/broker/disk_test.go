@@ -122,20 +122,6 @@ func checkAcked(t *testing.T, c *remoting.Conn, topic string, acked []ackedMsg) 
 	}
 }
 
-func newStartedBroker(t *testing.T, opts ...Option) *Broker {
-	t.Helper()
-	b, err := New(append([]Option{WithListenAddr("127.0.0.1:0"), WithLogger(testLogger())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestSendFailedFsync fails the broker's WAL fsyncs under four producers,
 // in both flush modes: each send is answered within a second, either
 // SEND_OK or SERVICE_NOT_AVAILABLE "[STORE_FAILED]…"; the failed fsync is
@@ -200,14 +186,13 @@ func testSendFailedFsync(t *testing.T, mode FlushMode) {
 	send(t, c, "Disk", 0, []byte("after restart"), "")
 }
 
-// TestSendDiskFullTmpfs runs a broker on an 8 MiB tmpfs half taken by a
-// filler file: producers are refused with SERVICE_NOT_AVAILABLE
-// "[DISK_FULL]…" once usage crosses the high-water mark (before the file
-// system is full, so the store does not fail), no acknowledged message is
-// lost, and sends succeed again by themselves once the filler is deleted.
-// It needs root (mount); it is skipped otherwise.
-func TestSendDiskFullTmpfs(t *testing.T) {
-	mnt := filepath.Join(t.TempDir(), "mnt")
+// tmpfsWithFiller mounts an 8 MiB tmpfs in a temporary directory,
+// unmounted at the end of the test, and half fills it with a 4 MiB file
+// whose path it returns. It skips the test when it cannot mount (needs
+// root).
+func tmpfsWithFiller(t *testing.T) (mnt, filler string) {
+	t.Helper()
+	mnt = filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -219,10 +204,21 @@ func TestSendDiskFullTmpfs(t *testing.T) {
 			t.Errorf("unmount %s: %v", mnt, err)
 		}
 	})
-	filler := filepath.Join(mnt, "filler")
+	filler = filepath.Join(mnt, "filler")
 	if err := os.WriteFile(filler, make([]byte, 4<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return mnt, filler
+}
+
+// TestSendDiskFullTmpfs runs a broker on an 8 MiB tmpfs half taken by a
+// filler file: producers are refused with SERVICE_NOT_AVAILABLE
+// "[DISK_FULL]…" once usage crosses the high-water mark (before the file
+// system is full, so the store does not fail), no acknowledged message is
+// lost, and sends succeed again by themselves once the filler is deleted.
+// It needs root (mount); it is skipped otherwise.
+func TestSendDiskFullTmpfs(t *testing.T) {
+	mnt, filler := tmpfsWithFiller(t)
 	b := newStartedBroker(t, WithDataDir(filepath.Join(mnt, "data")), WithDiskHighWatermark(0.9),
 		withStoreHook(func(o *store.Options) { o.DiskCheckInterval = 50 * time.Millisecond }))
 	defer func() {
@@ -272,22 +268,7 @@ func TestSendDiskFullTmpfs(t *testing.T) {
 // a second, and after space is freed and the broker restarted every
 // acknowledged message is there and sends work again.
 func TestSendENOSPCTmpfs(t *testing.T) {
-	mnt := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=8m"); err != nil {
-		t.Skipf("cannot mount a tmpfs (needs root): %v", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(mnt, 0); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-		}
-	})
-	filler := filepath.Join(mnt, "filler")
-	if err := os.WriteFile(filler, make([]byte, 4<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	mnt, filler := tmpfsWithFiller(t)
 	dir := filepath.Join(mnt, "data")
 	b := newStartedBroker(t, WithDataDir(dir), WithDiskHighWatermark(1))
 	acked, refused := produceUntilRefused(t, b.Addr(), "Full", 8<<10, func() bool { return false })

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -67,12 +66,7 @@ func TestBrokerRetrySendBack(t *testing.T) {
 	clk.advance(8 * time.Second)
 	subNever(t, 300*time.Millisecond, func() bool { return retried() > 0 }, "retry delivery before 10 s")
 	clk.advance(2500 * time.Millisecond)
-	subEventually(t, 5*time.Second, func() error {
-		if n := retried(); n != 1 {
-			return fmt.Errorf("%%RETRY%%g holds %d messages", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "%RETRY%g", 0, 1)
 	r := subMessages(t, b, "%RETRY%g", 0)[0]
 	if string(r.Body) != "hello" || r.ReconsumeTimes != 1 || r.BornTimestamp != orig.BornTimestamp {
 		t.Errorf("retry message: body %q reconsume %d born %d", r.Body, r.ReconsumeTimes, r.BornTimestamp)

@@ -31,12 +31,7 @@ func TestBrokerScheduleDelayLevel(t *testing.T) {
 	clk.advance(8 * time.Second)
 	subNever(t, 300*time.Millisecond, func() bool { return delivered() > 0 }, "delivery before 10 s")
 	clk.advance(2500 * time.Millisecond)
-	subEventually(t, 5*time.Second, func() error {
-		if n := delivered(); n != 1 {
-			return fmt.Errorf("T/1 holds %d", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "T", 1, 1)
 	m := subMessages(t, b, "T", 1)[0]
 	if string(m.Body) != "later" {
 		t.Errorf("body %q", m.Body)
@@ -87,27 +82,12 @@ func TestBrokerScheduleTimer(t *testing.T) {
 	delivered := func() int { return len(subMessages(t, b, "T", 0)) }
 	subNever(t, 300*time.Millisecond, func() bool { return delivered() > 0 }, "timer delivery")
 	clk.advance(31 * time.Second)
-	subEventually(t, 5*time.Second, func() error {
-		if n := delivered(); n != 1 {
-			return fmt.Errorf("T/0 holds %d, want 1", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "T", 0, 1)
 	subNever(t, 300*time.Millisecond, func() bool { return delivered() > 1 }, "second timer delivery")
 	clk.advance(30 * time.Second)
-	subEventually(t, 5*time.Second, func() error {
-		if n := delivered(); n != 2 {
-			return fmt.Errorf("T/0 holds %d, want 2", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "T", 0, 2)
 	clk.advance(30 * time.Second)
-	subEventually(t, 5*time.Second, func() error {
-		if n := delivered(); n != 3 {
-			return fmt.Errorf("T/0 holds %d, want 3", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "T", 0, 3)
 	got := subMessages(t, b, "T", 0)
 	for i, want := range []string{"TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS"} {
 		if string(got[i].Body) != want {
@@ -161,12 +141,7 @@ func TestBrokerScheduleRestart(t *testing.T) {
 	b2 := subBroker(t, dir, clk)
 	subNever(t, 300*time.Millisecond, func() bool { return len(subMessages(t, b2, "T", 0)) > 0 }, "delivery after restart")
 	clk.advance(21 * time.Second)
-	subEventually(t, 5*time.Second, func() error {
-		if n := len(subMessages(t, b2, "T", 0)); n != 2 {
-			return fmt.Errorf("T/0 holds %d, want 2", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b2, "T", 0, 2)
 	// Give a duplicate delivery time to happen.
 	subNever(t, 500*time.Millisecond, func() bool { return len(subMessages(t, b2, "T", 0)) > 2 }, "duplicate delivery")
 }
@@ -196,12 +171,7 @@ func TestBrokerScheduleCrashWindow(t *testing.T) {
 		return err
 	})
 	clk.advance(11 * time.Second)
-	subEventually(t, 5*time.Second, func() error {
-		if n := len(subMessages(t, b, "T", 0)); n != 2 {
-			return fmt.Errorf("T/0 holds %d, want 2", n)
-		}
-		return nil
-	})
+	subWaitHolds(t, b, "T", 0, 2)
 	_ = c.Close()
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
