@@ -132,6 +132,24 @@ func dialTB(tb testing.TB, addr string) *remoting.Conn {
 	return c
 }
 
+// invoker is a connection requests can be sent on (*remoting.Conn).
+type invoker interface {
+	Invoke(context.Context, *protocol.Command) (*protocol.Command, error)
+}
+
+// invokeTB sends req on c within 5 s and returns the answer; a transport
+// error fails the test with what (the request's name) in front.
+func invokeTB(tb testing.TB, c invoker, req *protocol.Command, what string) *protocol.Command {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.Invoke(ctx, req)
+	if err != nil {
+		tb.Fatalf("%s: %v", what, err)
+	}
+	return resp
+}
+
 // route asks the name server for topic's route; nil when it has none.
 func route(ctx context.Context, c *remoting.Conn, topic string) (*protocol.TopicRouteData, error) {
 	req := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
@@ -191,12 +209,7 @@ func (e *brokerEnv) consumerCount(tb testing.TB, c *remoting.Conn, group string)
 	req := protocol.NewRequest(protocol.ReqGetConsumerListByGroup)
 	h := protocol.GetConsumerListByGroupRequestHeader{ConsumerGroup: group}
 	h.Encode(req)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := c.Invoke(ctx, req)
-	if err != nil {
-		tb.Fatalf("GET_CONSUMER_LIST_BY_GROUP: %v", err)
-	}
+	resp := invokeTB(tb, c, req, "GET_CONSUMER_LIST_BY_GROUP")
 	if resp.Code != protocol.ResSuccess {
 		return 0
 	}

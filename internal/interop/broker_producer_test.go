@@ -249,9 +249,7 @@ func TestBrokerOrderedSendOrderlyConsume(t *testing.T) {
 }
 
 // lockBatch sends LOCK_BATCH_MQ and returns the queues the broker granted.
-func lockBatch(tb testing.TB, conn interface {
-	Invoke(context.Context, *protocol.Command) (*protocol.Command, error)
-}, body protocol.LockBatchRequestBody) []protocol.MessageQueue {
+func lockBatch(tb testing.TB, conn invoker, body protocol.LockBatchRequestBody) []protocol.MessageQueue {
 	tb.Helper()
 	req := protocol.NewRequest(protocol.ReqLockBatchMq)
 	b, err := body.Encode()
@@ -259,12 +257,7 @@ func lockBatch(tb testing.TB, conn interface {
 		tb.Fatal(err)
 	}
 	req.Body = b
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := conn.Invoke(ctx, req)
-	if err != nil {
-		tb.Fatalf("LOCK_BATCH_MQ: %v", err)
-	}
+	resp := invokeTB(tb, conn, req, "LOCK_BATCH_MQ")
 	if resp.Code != protocol.ResSuccess {
 		tb.Fatalf("LOCK_BATCH_MQ: code %d %s", resp.Code, resp.Remark)
 	}

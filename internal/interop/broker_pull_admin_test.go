@@ -167,12 +167,7 @@ func queryOffset(tb testing.TB, conn interface {
 	req := protocol.NewRequest(protocol.ReqQueryConsumerOffset)
 	h := protocol.QueryConsumerOffsetRequestHeader{ConsumerGroup: group, Topic: topic, QueueID: queue}
 	h.Encode(req)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := conn.Invoke(ctx, req)
-	if err != nil {
-		tb.Fatalf("QUERY_CONSUMER_OFFSET: %v", err)
-	}
+	resp := invokeTB(tb, conn, req, "QUERY_CONSUMER_OFFSET")
 	if resp.Code != protocol.ResSuccess {
 		return -1
 	}

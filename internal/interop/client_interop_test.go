@@ -142,6 +142,24 @@ func (l *ledger) sendRunnel(tb testing.TB, p *client.Producer, es ...*expect) cl
 	return res
 }
 
+// sendHalfRunnel sends e as a half message with runnel's SendHalf and
+// records it in the ledger under the handle's message id (a check-back
+// carries the half message, whose queue is the half topic's, so only ids
+// are compared).
+func (l *ledger) sendHalfRunnel(tb testing.TB, p *client.Producer, e *expect) client.TxHandle {
+	tb.Helper()
+	before := time.Now()
+	h, err := p.SendHalf(cixCtx(tb), runnelMessage(e))
+	if err != nil {
+		tb.Fatalf("SendHalf: %v", err)
+	}
+	l.sent(e, before, time.Now(), nil)
+	l.mu.Lock()
+	e.msgID = h.MsgID
+	l.mu.Unlock()
+	return h
+}
+
 // TestRunnelProducerToOfficialConsumers sends with every mode of runnel's
 // Producer (sync, async, oneway, batch, HashBySharding with sharding keys,
 // delay level) and checks that an official push consumer and an official
@@ -722,15 +740,7 @@ func TestRunnelTransactionsToOfficialConsumer(t *testing.T) {
 
 	half := func() (*expect, client.TxHandle) {
 		_, e := l.message(topic, 300)
-		before := time.Now()
-		h, err := p.SendHalf(cixCtx(t), runnelMessage(e))
-		if err != nil {
-			t.Fatalf("SendHalf: %v", err)
-		}
-		l.sent(e, before, time.Now(), nil)
-		l.mu.Lock()
-		e.msgID = h.MsgID
-		l.mu.Unlock()
+		h := l.sendHalfRunnel(t, p, e)
 		if h.MsgID == "" || h.ProducerGroup != pg || h.Topic != topic {
 			t.Fatalf("TxHandle %+v", h)
 		}
@@ -850,17 +860,7 @@ func TestRunnelCheckListener(t *testing.T) {
 	var rollbackID string
 	for _, want := range []string{"commit", "rollback", "unknown-then-commit"} {
 		_, e := l.message(topic, 300, "want", want)
-		before := time.Now()
-		h, err := p.SendHalf(cixCtx(t), runnelMessage(e))
-		if err != nil {
-			t.Fatalf("SendHalf: %v", err)
-		}
-		l.sent(e, before, time.Now(), nil)
-		l.mu.Lock()
-		// the check-back carries the half message: its queue is the half
-		// topic's, so only the ids are compared
-		e.msgID = h.MsgID
-		l.mu.Unlock()
+		l.sendHalfRunnel(t, p, e)
 		mu.Lock()
 		wants[e.id] = want
 		mu.Unlock()

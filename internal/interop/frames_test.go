@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	rocketmq "github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
@@ -141,6 +142,23 @@ func instanceName(t *testing.T) string {
 	return fmt.Sprintf("interop-%d-%s", instanceSeq.Add(1), strings.ReplaceAll(t.Name(), "/", "-"))
 }
 
+// captureProducer starts an official producer (group interop_pg, a fresh
+// instance, no retries; opts after these) whose name server is nsAddr,
+// shut down at the end of the test.
+func captureProducer(t *testing.T, nsAddr string, opts ...producer.Option) rocketmq.Producer {
+	t.Helper()
+	p, err := producer.NewDefaultProducer(append([]producer.Option{producer.WithNameServer([]string{nsAddr}),
+		producer.WithGroupName("interop_pg"), producer.WithInstanceName(instanceName(t)), producer.WithRetry(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown() })
+	return p
+}
+
 // TestOfficialProducerFrames runs the official producer against a capture
 // server answering in each header encoding: the route lookup (105), a
 // single send (10), a batch send (320) and the heartbeat (34) the producer
@@ -191,20 +209,7 @@ func TestOfficialProducerFrames(t *testing.T) {
 				}
 			})
 
-			p, err := producer.NewDefaultProducer(
-				producer.WithNameServer([]string{srv.addr()}),
-				producer.WithGroupName("interop_pg"),
-				producer.WithInstanceName(instanceName(t)),
-				producer.WithRetry(0),
-				producer.WithSendMsgTimeout(5*time.Second),
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Shutdown() })
+			p := captureProducer(t, srv.addr(), producer.WithSendMsgTimeout(5*time.Second))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 
@@ -408,15 +413,7 @@ func TestOfficialJSONEscapes(t *testing.T) {
 			return protocol.NewResponse(req, protocol.ResSuccess, "")
 		}
 	})
-	p, err := producer.NewDefaultProducer(producer.WithNameServer([]string{srv.addr()}),
-		producer.WithGroupName("interop_pg"), producer.WithInstanceName(instanceName(t)), producer.WithRetry(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown() })
+	p := captureProducer(t, srv.addr())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
