@@ -3,16 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,46 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
-
-// writeCert writes a self-signed certificate for 127.0.0.1 and its key to
-// dir and returns their paths and a client configuration trusting it.
-func writeCert(t *testing.T, dir string) (certFile, keyFile string, client *tls.Config) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runnel cmd test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
-}
 
 const aclOneAccount = `{"accounts":[{"accessKey":"admin-ak","secretKey":"admin-secret","admin":true}]}`
 
@@ -76,7 +32,9 @@ func TestNamesrvACLAndTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
-	certFile, keyFile, cliTLS := writeCert(t, dir)
+	cert := testcert.New(t, "tls")
+	files := cert.WriteFiles(t, dir)
+	certFile, keyFile, cliTLS := files.Cert, files.Key, cert.ClientTLS()
 	aclFile := filepath.Join(dir, "acl.json")
 	if err := os.WriteFile(aclFile, []byte(aclOneAccount), 0o600); err != nil {
 		t.Fatal(err)
@@ -214,7 +172,8 @@ func TestNamesrvACLAndTLS(t *testing.T) {
 // start-up with a clear message.
 func TestSecurityFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, _ := writeCert(t, dir)
+	files := testcert.New(t, "tls").WriteFiles(t, dir)
+	certFile, keyFile := files.Cert, files.Key
 	good := filepath.Join(dir, "acl.json")
 	if err := os.WriteFile(good, []byte(aclOneAccount), 0o600); err != nil {
 		t.Fatal(err)
@@ -291,7 +250,9 @@ func TestBrokerACLAndTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
-	certFile, keyFile, cliTLS := writeCert(t, dir)
+	cert := testcert.New(t, "tls")
+	files := cert.WriteFiles(t, dir)
+	certFile, keyFile, cliTLS := files.Cert, files.Key, cert.ClientTLS()
 	aclFile := writeFile(t, dir, "acl.json", aclTwoAccounts)
 	secretFile := writeFile(t, dir, "ns.secret", "admin-secret\n")
 	cmd := runnelCmd(ctx, "broker", "--namesrv-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",

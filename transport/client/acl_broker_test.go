@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
@@ -36,9 +37,9 @@ const (
 // credentials and plain TCP are refused.
 func TestClientACLAgainstBroker(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	cert, pool := selfSigned(t)
-	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	cliTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	cert := testcert.New(t, "runnel test")
+	srvTLS := cert.ServerTLS()
+	cliTLS := &tls.Config{RootCAs: cert.Pool, MinVersion: tls.VersionTLS12}
 
 	policy, err := acl.NewPolicy(&acl.Config{Accounts: []acl.Account{
 		{AccessKey: aclAdmin.AccessKey, SecretKey: aclAdmin.SecretKey, Admin: true},

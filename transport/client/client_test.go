@@ -2,16 +2,11 @@ package client
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -348,36 +344,10 @@ func bytesIndex(b []byte, s string) int {
 	return -1
 }
 
-// selfSigned returns a TLS certificate for 127.0.0.1 and a pool trusting it.
-func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runnel test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}, pool
-}
-
 func TestClientTLS(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	cert, pool := selfSigned(t)
-	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	cert := testcert.New(t, "runnel test")
+	srvTLS := cert.ServerTLS()
 	// Name server and broker accept TLS (and plain TCP, for the broker's own
 	// registration).
 	e := newCoreEnvOpts(t,
@@ -385,7 +355,8 @@ func TestClientTLS(t *testing.T) {
 		[]broker.Option{broker.WithRemotingOptions(remoting.WithTLSConfig(srvTLS), remoting.WithPermissiveTLS())})
 	ctx := testCtx(t, 20*time.Second)
 
-	c := e.client(WithTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	// No ServerName: the client takes it from the address it dials.
+	c := e.client(WithTLSConfig(&tls.Config{RootCAs: cert.Pool, MinVersion: tls.VersionTLS12}))
 	e.createTopic(c, "TLST", 1)
 	p, err := NewProducer(c, "pg")
 	if err != nil {

@@ -1,54 +1,18 @@
 package remoting
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 )
 
-// testTLS returns a server config with a fresh self-signed certificate for
-// 127.0.0.1 and a client config trusting it.
-func testTLS(t testing.TB) (server, client *tls.Config) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "runnel test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	client = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
-	return server, client
-}
-
 func TestTLS(t *testing.T) {
-	srvCfg, cliCfg := testTLS(t)
+	cert := testcert.New(t, "runnel test")
+	srvCfg, cliCfg := cert.ServerTLS(), cert.ClientTLS()
 	_, addr := newTestServer(t, WithTLSConfig(srvCfg))
 	c := dialT(t, addr, WithTLSConfig(cliCfg))
 	for i := range 5 {
@@ -68,7 +32,8 @@ func TestTLS(t *testing.T) {
 }
 
 func TestPermissiveTLS(t *testing.T) {
-	srvCfg, cliCfg := testTLS(t)
+	cert := testcert.New(t, "runnel test")
+	srvCfg, cliCfg := cert.ServerTLS(), cert.ClientTLS()
 	_, addr := newTestServer(t, WithTLSConfig(srvCfg), WithPermissiveTLS())
 	tc := dialT(t, addr, WithTLSConfig(cliCfg))
 	pc := dialT(t, addr)
