@@ -16,7 +16,7 @@ const (
 	// benchRecords is the size of one op of BenchmarkStatelessMap and
 	// BenchmarkKeyedCount: a job over that many generated records, whatever
 	// -benchtime says, so that a run spans several 1 s checkpoints.
-	benchRecords = 2_000_000
+	benchRecords = 1_000_000
 )
 
 // benchRun runs b.N jobs built by build (each over benchRecords records,
