@@ -15,8 +15,8 @@ const (
 	benchSplits = 2
 	// benchRecords is the size of one op of BenchmarkStatelessMap and
 	// BenchmarkKeyedCount: a job over that many generated records, whatever
-	// -benchtime says, so that a run spans several 1 s checkpoints.
-	benchRecords = 1_000_000
+	// -benchtime says, so that a run spans 1 s checkpoints.
+	benchRecords = 8_000_000
 )
 
 // benchRun runs b.N jobs built by build (each over benchRecords records,

@@ -23,7 +23,7 @@ const (
 	// mqBenchRecords is the size of one op of BenchmarkRocketMQ: a job
 	// reading that many records, whatever -benchtime says, so that a run
 	// spans several 1 s checkpoints and job start-up does not dominate.
-	mqBenchRecords = 1_000_000
+	mqBenchRecords = 2_000_000
 )
 
 // cpStats records the checkpoints of a job (a runtime.HookCheckpointEnd).
