@@ -12,6 +12,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	rotel "github.com/runnel-dev/runnel/otel"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
@@ -84,7 +85,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 			var this [3]time.Duration
 			for j := range variants {
 				v := (r + j) % len(variants)
-				cpu0 := processCPU()
+				cpu0 := cputime.Process()
 				// Labelled, so that a CPU profile splits by variant (go
 				// tool pprof -tagfocus 'tracing=[1]pct'; a bare 1pct
 				// parses as a number).
@@ -92,7 +93,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 					this[v] = runBenchJob(ctx, b, cl, in, out, variants[v].ratio)
 				})
 				took[v] += this[v]
-				cpu[v] += processCPU() - cpu0
+				cpu[v] += cputime.Process() - cpu0
 			}
 			b.Logf("round %d: off %v, 1pct %v, 100pct %v", rounds, this[0], this[1], this[2])
 			for v := range variants {

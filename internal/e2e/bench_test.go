@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/source"
@@ -34,12 +35,12 @@ func benchRun(b *testing.B, name string, build func(job *pipeline.Job, seen *int
 		var seen int64
 		build(job, &seen)
 		b.StartTimer()
-		start, cpu0 := time.Now(), processCPU(b)
+		start, cpu0 := time.Now(), cputime.Process()
 		if err := job.Run(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		took += time.Since(start)
-		cpu += processCPU(b) - cpu0
+		cpu += cputime.Process() - cpu0
 		if seen != benchRecords {
 			b.Fatalf("sink saw %d records, want %d", seen, benchRecords)
 		}

@@ -5,10 +5,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
@@ -64,16 +64,6 @@ func (s *cpStats) report(b *testing.B) {
 	b.ReportMetric(float64(s.changes)/float64(len(d)), "cp-changes")
 }
 
-// processCPU returns the CPU time (user + system) the process used so far:
-// on a shared machine, CPU per record is steadier than records/s.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // mqBench is a broker with a topic preloaded with mqBenchRecords records,
 // shared by the sub-benchmarks of one BenchmarkRocketMQ run.
 type mqBench struct {
@@ -107,12 +97,12 @@ func runMQBench(b *testing.B, m *mqBench, build func(job *pipeline.Job, src *src
 		var seen int64
 		build(job, m.source(b), &seen)
 		b.StartTimer()
-		start, cpu0 := time.Now(), processCPU(b)
+		start, cpu0 := time.Now(), cputime.Process()
 		if err := job.Run(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		took += time.Since(start)
-		cpu += processCPU(b) - cpu0
+		cpu += cputime.Process() - cpu0
 		if seen != mqBenchRecords {
 			b.Fatalf("sink saw %d records, want %d", seen, mqBenchRecords)
 		}

@@ -3,10 +3,10 @@ package e2e
 import (
 	"context"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/pipeline/window"
 	"github.com/runnel-dev/runnel/sink"
@@ -72,7 +72,7 @@ func BenchmarkKeyedAgg(b *testing.B) {
 				ms0     runtime.MemStats
 				ms1     runtime.MemStats
 			)
-			cpu0 := cpuTime(b)
+			cpu0 := cputime.Process()
 			runtime.ReadMemStats(&ms0)
 			for range b.N {
 				o, c, d := runKeyedAgg(b, kind)
@@ -81,7 +81,7 @@ func BenchmarkKeyedAgg(b *testing.B) {
 				elapsed += d
 			}
 			runtime.ReadMemStats(&ms1)
-			cpu := cpuTime(b) - cpu0
+			cpu := cputime.Process() - cpu0
 			recs := float64(b.N) * aggRecords
 			b.ReportMetric(recs/elapsed.Seconds(), "records/s")
 			b.ReportMetric(float64(elapsed.Nanoseconds())/recs, "ns/record")
@@ -93,16 +93,6 @@ func BenchmarkKeyedAgg(b *testing.B) {
 			}
 		})
 	}
-}
-
-// cpuTime returns the CPU time (user and system) the process has used: on
-// a shared machine it varies less with the load than the wall time.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // runKeyedAgg runs one BenchmarkKeyedAgg job and returns its outputs, the

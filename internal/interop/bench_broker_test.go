@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -90,7 +90,7 @@ func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	for range b.N {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -110,7 +110,7 @@ func produceOfficial(b *testing.B, env *brokerEnv, topic string, body []byte) {
 		}
 	}
 	wg.Wait()
-	elapsed, cpu := time.Since(start), cpuTime()-cpu0
+	elapsed, cpu := time.Since(start), cputime.Process()-cpu0
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
@@ -135,7 +135,7 @@ func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	for i := range b.N {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -158,7 +158,7 @@ func produceRunnel(b *testing.B, env *brokerEnv, topic string, body []byte) {
 		})
 	}
 	wg.Wait()
-	elapsed, cpu := time.Since(start), cpuTime()-cpu0
+	elapsed, cpu := time.Since(start), cputime.Process()-cpu0
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
@@ -183,15 +183,6 @@ func labelClient() func() {
 	old := context.Background()
 	pprof.SetGoroutineLabels(pprof.WithLabels(old, pprof.Labels("side", "client")))
 	return func() { pprof.SetGoroutineLabels(old) }
-}
-
-// cpuTime returns the process's user plus system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkBrokerPull drains a preloaded queue (128-byte messages, 32 per
@@ -409,7 +400,7 @@ func produceOfficialSync(b *testing.B, env *brokerEnv, topic string, body []byte
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	for range benchInFlight {
 		wg.Add(1)
 		go func() {
@@ -427,7 +418,7 @@ func produceOfficialSync(b *testing.B, env *brokerEnv, topic string, body []byte
 		}()
 	}
 	wg.Wait()
-	elapsed, cpu := time.Since(start), cpuTime()-cpu0
+	elapsed, cpu := time.Since(start), cputime.Process()-cpu0
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())

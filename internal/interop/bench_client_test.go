@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -105,27 +105,18 @@ func startMeasure(b *testing.B) measure {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ResetTimer()
-	return measure{start: time.Now(), cpu: processCPU(), mallocs: ms.Mallocs}
+	return measure{start: time.Now(), cpu: cputime.Process(), mallocs: ms.Mallocs}
 }
 
 func (m measure) stop(b *testing.B, msgs int64) {
 	elapsed := time.Since(m.start)
-	cpu := processCPU() - m.cpu
+	cpu := cputime.Process() - m.cpu
 	b.StopTimer()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(msgs)/elapsed.Seconds(), "msgs/s")
 	b.ReportMetric(float64(ms.Mallocs-m.mallocs)/float64(msgs), "allocs/msg")
 	b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(msgs), "cpu-us/msg")
-}
-
-// processCPU returns the CPU time (user and system) this process used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func produceClientRunnel(b *testing.B, p *client.Producer, topic string, body []byte, inflight int) {

@@ -4,10 +4,10 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -94,7 +94,7 @@ func benchSendPipelined(b *testing.B, mode FlushMode, uniq bool) {
 	var failed atomic.Int64
 	ctx := context.Background()
 	syncs0, rounds0 := br.store.Syncs(), br.store.Rounds()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -122,7 +122,7 @@ func benchSendPipelined(b *testing.B, mode FlushMode, uniq bool) {
 		b.Fatalf("%d sends failed", n)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
 	if n := br.store.Rounds() - rounds0; n > 0 {
 		b.ReportMetric(float64(b.N)/float64(n), "msgs/commit")
 	}
@@ -131,15 +131,6 @@ func benchSendPipelined(b *testing.B, mode FlushMode, uniq bool) {
 			b.ReportMetric(float64(b.N)/float64(n), "msgs/fsync")
 		}
 	}
-}
-
-// cpuTime returns the process's user plus system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkBrokerPull measures PULL_MESSAGE round trips returning 32

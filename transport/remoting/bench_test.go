@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -51,7 +51,7 @@ func BenchmarkServeInline(b *testing.B) {
 				}
 				ctx := context.Background()
 				b.ReportAllocs()
-				cpu0 := cpuTime()
+				cpu0 := cputime.Process()
 				for b.Loop() {
 					sem <- struct{}{}
 					wg.Add(1)
@@ -64,19 +64,10 @@ func BenchmarkServeInline(b *testing.B) {
 	}
 }
 
-// cpuTime returns the process's user plus system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // reportCPU reports the process CPU time (client and server together) per
 // round trip since cpu0: steadier than ns/op on a shared machine.
 func reportCPU(b *testing.B, cpu0 time.Duration) {
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
 }
 
 func benchRequest() *protocol.Command {
@@ -95,7 +86,7 @@ func BenchmarkInvokeSync(b *testing.B) {
 	req := benchRequest()
 	ctx := context.Background()
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		if _, err := c.Invoke(ctx, req); err != nil {
 			b.Fatal(err)
@@ -112,7 +103,7 @@ func BenchmarkInvokeParallel(b *testing.B) {
 	ctx := context.Background()
 	b.SetParallelism(16)
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	b.RunParallel(func(pb *testing.PB) {
 		req := benchRequest()
 		for pb.Next() {
@@ -142,7 +133,7 @@ func BenchmarkInvokeAsyncTimeout(b *testing.B) {
 				wg.Done()
 			}
 			b.ReportAllocs()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				sem <- struct{}{}
 				wg.Add(1)
@@ -189,7 +180,7 @@ func BenchmarkRoundTripDirect(b *testing.B) {
 			ctx := context.Background()
 			req := benchRequest()
 			b.ReportAllocs()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				if _, err := c.Invoke(ctx, req); err != nil {
 					b.Fatal(err)

@@ -3,9 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -42,7 +42,7 @@ func benchPut(b *testing.B, mode FlushMode, conc, size int) {
 	left.Store(int64(b.N))
 	var wg sync.WaitGroup
 	start := time.Now()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	b.ResetTimer()
 	for w := range conc {
 		wg.Go(func() {
@@ -60,19 +60,10 @@ func benchPut(b *testing.B, mode FlushMode, conc, size int) {
 	el := time.Since(start)
 	b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
 	b.ReportMetric(float64(b.N)/float64(max(1, s.Rounds())), "puts/round")
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/msg")
 	if mode == FlushSync {
 		b.ReportMetric(float64(b.N)/float64(max(1, s.Syncs())), "puts/fsync")
 	}
-}
-
-// cpuTime returns the process's user plus system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func BenchmarkGet(b *testing.B) {

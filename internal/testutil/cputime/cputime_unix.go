@@ -1,15 +1,15 @@
 //go:build unix
 
-package otel_test
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user and system) this process used so
-// far, or 0 when it cannot tell.
-func processCPU() time.Duration {
+const supported = true
+
+func process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
