@@ -99,30 +99,7 @@ func TestTraceEndToEnd(t *testing.T) {
 	_, span := tel.ReceiveMessage(ctx, "downstream", &pulled.Messages[0])
 	span.End()
 
-	spans := map[string]sdktrace.ReadOnlySpan{}
-	var checkpoints []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.InstrumentationScope().Name == rotel.ScopeName && len(s.Name()) > 11 && s.Name()[:11] == "checkpoint " {
-			checkpoints = append(checkpoints, s)
-			continue
-		}
-		if _, dup := spans[s.Name()]; dup {
-			t.Errorf("span %q recorded twice", s.Name())
-		}
-		spans[s.Name()] = s
-	}
-	get := func(name string) sdktrace.ReadOnlySpan {
-		t.Helper()
-		s, ok := spans[name]
-		if !ok {
-			names := make([]string, 0, len(spans))
-			for n := range spans {
-				names = append(names, n)
-			}
-			t.Fatalf("no span %q among %q", name, names)
-		}
-		return s
-	}
+	_, checkpoints, get := indexSpans(t, rec.Ended())
 	rootSpan := get("upstream work")
 	send := get("trace_in send")
 	receive := get("trace_in receive")
@@ -348,30 +325,7 @@ func TestTraceAcrossKeyBy(t *testing.T) {
 	_, span := tel.ReceiveMessage(ctx, "downstream", tracedOut)
 	span.End()
 
-	spans := map[string]sdktrace.ReadOnlySpan{}
-	var checkpoints []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if strings.HasPrefix(s.Name(), "checkpoint ") {
-			checkpoints = append(checkpoints, s)
-			continue
-		}
-		if _, dup := spans[s.Name()]; dup {
-			t.Errorf("span %q recorded more than once (an untraced record was traced?)", s.Name())
-		}
-		spans[s.Name()] = s
-	}
-	get := func(name string) sdktrace.ReadOnlySpan {
-		t.Helper()
-		s, ok := spans[name]
-		if !ok {
-			names := make([]string, 0, len(spans))
-			for n := range spans {
-				names = append(names, n)
-			}
-			t.Fatalf("no span %q among %q", name, names)
-		}
-		return s
-	}
+	spans, checkpoints, get := indexSpans(t, rec.Ended())
 	rootSpan := get("upstream work")
 	sendSpan := get("keyed_in send")
 	receive := get("keyed_in receive")
@@ -423,4 +377,36 @@ func TestTraceAcrossKeyBy(t *testing.T) {
 	if linked != 1 {
 		t.Errorf("%d checkpoint spans (of %d) link to the record's receive span, want 1", linked, len(checkpoints))
 	}
+}
+
+// indexSpans splits ended spans into the checkpoint spans and the others by
+// name (a name seen twice is an error: one traced record gives one span per
+// step), and returns a getter that fails the test on a missing name.
+func indexSpans(t *testing.T, ended []sdktrace.ReadOnlySpan) (map[string]sdktrace.ReadOnlySpan, []sdktrace.ReadOnlySpan, func(string) sdktrace.ReadOnlySpan) {
+	t.Helper()
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	var checkpoints []sdktrace.ReadOnlySpan
+	for _, s := range ended {
+		if s.InstrumentationScope().Name == rotel.ScopeName && strings.HasPrefix(s.Name(), "checkpoint ") {
+			checkpoints = append(checkpoints, s)
+			continue
+		}
+		if _, dup := spans[s.Name()]; dup {
+			t.Errorf("span %q recorded more than once (an untraced record was traced?)", s.Name())
+		}
+		spans[s.Name()] = s
+	}
+	get := func(name string) sdktrace.ReadOnlySpan {
+		t.Helper()
+		s, ok := spans[name]
+		if !ok {
+			names := make([]string, 0, len(spans))
+			for n := range spans {
+				names = append(names, n)
+			}
+			t.Fatalf("no span %q among %q", name, names)
+		}
+		return s
+	}
+	return spans, checkpoints, get
 }

@@ -20,10 +20,17 @@ const (
 	benchRecords = 8_000_000
 )
 
-// benchRun runs b.N jobs built by build (each over benchRecords records,
-// counted by the sink into *seen) and reports records/s, CPU per record and
-// the checkpoint figures.
+// benchRun runs b.N jobs built by build, each over benchRecords generated
+// records (see benchJobs).
 func benchRun(b *testing.B, name string, build func(job *pipeline.Job, seen *int64)) {
+	b.Helper()
+	benchJobs(b, name, benchRecords, build)
+}
+
+// benchJobs runs b.N jobs built by build (each over records records,
+// counted by the sink into *seen; build runs with the timer stopped) and
+// reports records/s, CPU per record and the checkpoint figures.
+func benchJobs(b *testing.B, name string, records int64, build func(job *pipeline.Job, seen *int64)) {
 	b.Helper()
 	b.ReportAllocs()
 	cps := &cpStats{}
@@ -41,13 +48,14 @@ func benchRun(b *testing.B, name string, build func(job *pipeline.Job, seen *int
 		}
 		took += time.Since(start)
 		cpu += cputime.Process() - cpu0
-		if seen != benchRecords {
-			b.Fatalf("sink saw %d records, want %d", seen, benchRecords)
+		if seen != records {
+			b.Fatalf("sink saw %d records, want %d", seen, records)
 		}
 	}
-	b.ReportMetric(float64(b.N)*benchRecords/took.Seconds(), "records/s")
-	b.ReportMetric(float64(took.Nanoseconds())/(float64(b.N)*benchRecords), "ns/record")
-	b.ReportMetric(float64(cpu.Nanoseconds())/(float64(b.N)*benchRecords), "cpu-ns/record")
+	n := float64(b.N) * float64(records)
+	b.ReportMetric(n/took.Seconds(), "records/s")
+	b.ReportMetric(float64(took.Nanoseconds())/n, "ns/record")
+	b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/record")
 	cps.report(b)
 }
 

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
@@ -83,34 +82,12 @@ func (m *mqBench) source(b *testing.B) *srcmq.Source {
 	return src
 }
 
-// runMQBench runs b.N jobs built by build, each over mqBenchRecords
-// records, and reports records/s and the checkpoint figures.
+// runMQBench runs b.N jobs built by build, each over the whole preloaded
+// topic (mqBenchRecords records), and reports records/s and the checkpoint
+// figures.
 func runMQBench(b *testing.B, m *mqBench, build func(job *pipeline.Job, src *srcmq.Source, seen *int64)) {
 	b.Helper()
-	b.ReportAllocs()
-	cps := &cpStats{}
-	var took, cpu time.Duration
-	for range b.N {
-		b.StopTimer()
-		job := pipeline.New("bench-mq", pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
-			pipeline.DefaultParallelism(2), pipeline.Hooks(cps))
-		var seen int64
-		build(job, m.source(b), &seen)
-		b.StartTimer()
-		start, cpu0 := time.Now(), cputime.Process()
-		if err := job.Run(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		took += time.Since(start)
-		cpu += cputime.Process() - cpu0
-		if seen != mqBenchRecords {
-			b.Fatalf("sink saw %d records, want %d", seen, mqBenchRecords)
-		}
-	}
-	b.ReportMetric(float64(b.N)*mqBenchRecords/took.Seconds(), "records/s")
-	b.ReportMetric(float64(took.Nanoseconds())/(float64(b.N)*mqBenchRecords), "ns/record")
-	b.ReportMetric(float64(cpu.Nanoseconds())/(float64(b.N)*mqBenchRecords), "cpu-ns/record")
-	cps.report(b)
+	benchJobs(b, "bench-mq", mqBenchRecords, func(job *pipeline.Job, seen *int64) { build(job, m.source(b), seen) })
 }
 
 // BenchmarkRocketMQ measures jobs reading a preloaded 4-queue topic
