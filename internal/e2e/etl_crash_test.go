@@ -87,6 +87,10 @@ func killHook(spec string) func(mqsink.Phase, uint64) {
 	}
 }
 
+// etlChildReady is the line a TestETLChild process prints once it handles
+// SIGTERM (a SIGTERM before that kills it).
+const etlChildReady = "etl-child: ready"
+
 // TestETLChild is the job process of the ETL crash tests (it does nothing
 // unless started by them): examples/etl's job on the parent's broker until
 // SIGTERM.
@@ -96,6 +100,7 @@ func TestETLChild(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	fmt.Println(etlChildReady) // SIGTERM is handled from here on
 	c, err := newMQClient(os.Getenv(envETLNamesrv))
 	if err != nil {
 		t.Fatal(err)
@@ -299,6 +304,19 @@ func (e *etlEnv) finish(t *testing.T, o etlRunOpts, halvesEnded bool) *etl.Repor
 			t.Logf("oracle: %s\n%s", r, strings.Join(r.Examples, "\n"))
 			t.Fatalf("final run: only %d/%d outputs and %d/%d dead letters committed; broker %+v\n%s", out, valid, dlq, invalid,
 				e.b.TransactionStats(), ch.out.String())
+		}
+	}
+	// The outputs may all be there before this run even started (the
+	// previous one finished the input): SIGTERM only once the child handles
+	// it, or the signal kills it instead of stopping it.
+	for !strings.Contains(ch.out.String(), etlChildReady) {
+		select {
+		case err := <-ch.done:
+			t.Fatalf("final child run ended on its own: %v\n%s", err, ch.out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("final child run never got ready\n%s", ch.out.String())
 		}
 	}
 	_ = ch.cmd.Process.Signal(syscall.SIGTERM)
