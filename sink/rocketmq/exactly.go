@@ -639,7 +639,7 @@ func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 	for i := range ep.n {
 		hs[i] = txnHandle{h: ep.slot(i).h, lane: ep.slot(i).lane}
 	}
-	if _, err := s.endAll(ctx, hs, false); err != nil {
+	if _, err := s.endAll(ctx, hs, false, nil); err != nil {
 		return s.fail(fmt.Errorf("%w: epoch %d open for %v (discard window %v): rolling back its half messages: %w",
 			ErrEpochTooOld, ep.epoch, age.Round(time.Millisecond), s.cfg.discardWindow, err))
 	}
@@ -765,7 +765,7 @@ func (s *ExactlyOnce[T]) PreCommit(ctx context.Context, id uint64) ([]byte, erro
 	s.open = nil
 	s.epoch = max(ep.epoch, id) + 1
 	if s.cfg.faults.CommitBeforeDurable {
-		if _, err := s.endAll(ctx, d.handles, true); err != nil {
+		if _, err := s.endAll(ctx, d.handles, true, nil); err != nil {
 			return nil, s.fail(err)
 		}
 	}
@@ -904,7 +904,18 @@ func (s *ExactlyOnce[T]) commit(d *txnDesc, ep *epochTxn) error {
 	} else {
 		s.hook(PhaseRecoverCommit, d.epoch)
 	}
-	discarded, err := s.endAll(ctx, d.handles, true)
+	var again func(ctx context.Context, i int) error
+	if ep != nil && ep.n == len(d.handles) {
+		var warned atomic.Bool
+		again = func(ctx context.Context, i int) error {
+			if !warned.Swap(true) {
+				s.log.Warn("rocketmq sink: half messages discarded by the broker (paused past its discard window); sending them again in lane order",
+					"group", s.group, "epoch", d.epoch)
+			}
+			return s.sendAgain(ctx, ep.slot(i).m)
+		}
+	}
+	discarded, err := s.endAll(ctx, d.handles, true, again)
 	if err == nil && len(discarded) > 0 {
 		err = s.resend(ctx, d, ep, discarded)
 	}
@@ -975,9 +986,12 @@ func (s *ExactlyOnce[T]) endOne(ctx context.Context, h *client.TxHandle, commit 
 	})
 }
 
-// endAll ends every handle, lanes in parallel, each lane in order. It
+// endAll ends every handle, lanes in parallel, each lane in order. When a
+// commit finds a half message discarded by the broker, again (when not nil)
+// sends its record again and commits it right there, before the lane's
+// next handle, so that records of one key stay in order; without again it
 // returns the indexes of discarded half messages (commit only).
-func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool) ([]int, error) {
+func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool, again func(ctx context.Context, i int) error) ([]int, error) {
 	if len(hs) == 0 {
 		return nil, nil
 	}
@@ -999,6 +1013,9 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 			defer wg.Done()
 			for _, i := range idx {
 				err := s.endOne(ctx, &hs[i].h, commit)
+				if errors.Is(err, errDiscardedHalf) && commit && again != nil {
+					err = again(ctx, i)
+				}
 				if errors.Is(err, errDiscardedHalf) && commit {
 					mu.Lock()
 					discarded = append(discarded, i)
@@ -1035,21 +1052,29 @@ func (s *ExactlyOnce[T]) resend(ctx context.Context, d *txnDesc, ep *epochTxn, d
 	s.log.Warn("rocketmq sink: half messages discarded by the broker (paused past its discard window); sending them again",
 		"group", s.group, "epoch", d.epoch, "count", len(discarded))
 	for _, i := range sortedInts(discarded) {
-		m := ep.slot(i).m
-		var h client.TxHandle
-		err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, nil, func(int) error {
-			actx, cancel := s.attemptCtx(ctx)
-			defer cancel()
-			var err error
-			h, err = s.p.SendHalf(actx, m)
+		if err := s.sendAgain(ctx, ep.slot(i).m); err != nil {
 			return err
-		})
-		if err != nil {
-			return fmt.Errorf("rocketmq sink: sending a discarded record again: %w", err)
 		}
-		if err := s.endOne(ctx, &h, true); err != nil {
-			return fmt.Errorf("rocketmq sink: committing a discarded record sent again: %w", err)
-		}
+	}
+	return nil
+}
+
+// sendAgain sends m (the record of a discarded half message) as a new half
+// message and commits it at once.
+func (s *ExactlyOnce[T]) sendAgain(ctx context.Context, m *client.Message) error {
+	var h client.TxHandle
+	err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, nil, func(int) error {
+		actx, cancel := s.attemptCtx(ctx)
+		defer cancel()
+		var err error
+		h, err = s.p.SendHalf(actx, m)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("rocketmq sink: sending a discarded record again: %w", err)
+	}
+	if err := s.endOne(ctx, &h, true); err != nil {
+		return fmt.Errorf("rocketmq sink: committing a discarded record sent again: %w", err)
 	}
 	return nil
 }
@@ -1077,7 +1102,7 @@ func (s *ExactlyOnce[T]) Abort(ctx context.Context, txn []byte) error {
 	if err := s.waitCommit(ctx); err != nil {
 		return err
 	}
-	if _, err := s.endAll(ctx, d.handles, false); err != nil {
+	if _, err := s.endAll(ctx, d.handles, false, nil); err != nil {
 		return fmt.Errorf("rocketmq sink: abort of checkpoint %d: %w", d.checkpoint, err)
 	}
 	s.mu.Lock()
