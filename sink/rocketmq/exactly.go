@@ -696,24 +696,8 @@ func (s *ExactlyOnce[T]) send(ep *epochTxn, sl *slot) {
 	s.hook(PhaseHalfSent, ep.epoch)
 }
 
-// drain waits until no send is in flight.
-func (s *ExactlyOnce[T]) drain(ctx context.Context) error {
-	n := 0
-	defer func() {
-		for range n {
-			<-s.sem
-		}
-	}()
-	for n < cap(s.sem) {
-		select {
-		case s.sem <- struct{}{}:
-			n++
-		case <-ctx.Done():
-			return fmt.Errorf("rocketmq sink: waiting for %d half sends: %w", cap(s.sem)-n, ctx.Err())
-		}
-	}
-	return nil
-}
+// drain waits until no half send is in flight.
+func (s *ExactlyOnce[T]) drain(ctx context.Context) error { return drainSem(ctx, s.sem, "half sends") }
 
 // PreCommit implements sink.TwoPhaseCommit: it waits until every half
 // message of the open epoch is acknowledged and returns the epoch's

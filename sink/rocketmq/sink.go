@@ -156,19 +156,24 @@ func (s *Sink[T]) Flush(ctx context.Context) error {
 }
 
 // drain waits until no send is unanswered.
-func (s *Sink[T]) drain(ctx context.Context) error {
+func (s *Sink[T]) drain(ctx context.Context) error { return drainSem(ctx, s.sem, "sends") }
+
+// drainSem waits until every token of sem (one per send in flight) can be
+// taken, i.e. no send is in flight, then gives them back. what names the
+// sends in the error when ctx ends first.
+func drainSem(ctx context.Context, sem chan struct{}, what string) error {
 	n := 0
 	defer func() {
 		for range n {
-			<-s.sem
+			<-sem
 		}
 	}()
-	for n < cap(s.sem) {
+	for n < cap(sem) {
 		select {
-		case s.sem <- struct{}{}:
+		case sem <- struct{}{}:
 			n++
 		case <-ctx.Done():
-			return fmt.Errorf("rocketmq sink: waiting for %d sends: %w", cap(s.sem)-n, ctx.Err())
+			return fmt.Errorf("rocketmq sink: waiting for %d %s: %w", cap(sem)-n, what, ctx.Err())
 		}
 	}
 	return nil
