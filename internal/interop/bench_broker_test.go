@@ -18,6 +18,7 @@ import (
 	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
 // Broker benchmarks: the embedded broker (in-process, 127.0.0.1, Pebble on
@@ -185,18 +186,22 @@ func labelClient() func() {
 	return func() { pprof.SetGoroutineLabels(old) }
 }
 
-// BenchmarkBrokerPull drains a preloaded queue (128-byte messages, 32 per
-// pull) from offset 0 on, wrapping around, reported as msgs/s.
-func BenchmarkBrokerPull(b *testing.B) {
+// pullPreload is the number of 128-byte messages preloadPullQueue stores.
+const pullPreload = 20000
+
+// preloadPullQueue starts a broker (async flush), creates a one-queue topic
+// named after prefix and stores pullPreload 128-byte messages in it, with
+// benchInFlight sends in flight on the returned connection.
+func preloadPullQueue(b *testing.B, prefix string) (*brokerEnv, string, *remoting.Conn) {
+	b.Helper()
 	env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync))
-	topic := uniqueName("BenchPull")
+	topic := uniqueName(prefix)
 	createTopic(b, env, topic, 1)
-	const preload = 20000
 	conn := dialTB(b, env.addr)
 	body := make([]byte, 128)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, benchInFlight)
-	for range preload {
+	for range pullPreload {
 		sem <- struct{}{}
 		wg.Add(1)
 		conn.InvokeAsync(context.Background(), durableSendReq(topic, 0, body, "p"), func(resp *protocol.Command, err error) {
@@ -208,6 +213,13 @@ func BenchmarkBrokerPull(b *testing.B) {
 		})
 	}
 	wg.Wait()
+	return env, topic, conn
+}
+
+// BenchmarkBrokerPull drains a preloaded queue (128-byte messages, 32 per
+// pull) from offset 0 on, wrapping around, reported as msgs/s.
+func BenchmarkBrokerPull(b *testing.B) {
+	env, topic, conn := preloadPullQueue(b, "BenchPull")
 	b.Run("impl=runnel", func(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -232,7 +244,7 @@ func BenchmarkBrokerPull(b *testing.B) {
 				b.Fatal(err)
 			}
 			got += n
-			if off += int64(n); off >= preload {
+			if off += int64(n); off >= pullPreload {
 				off = 0
 			}
 		}
@@ -258,7 +270,7 @@ func BenchmarkBrokerPull(b *testing.B) {
 			}
 			n := len(res.GetMessageExts())
 			got += n
-			if off += int64(n); off >= preload {
+			if off += int64(n); off >= pullPreload {
 				off = 0
 			}
 		}

@@ -207,32 +207,13 @@ func produceClientRaw(b *testing.B, env *brokerEnv, topic string, body []byte, i
 // Client.Pull loop, the official lite pull consumer's PullFrom, and a raw
 // PULL_MESSAGE loop on a remoting.Conn.
 func BenchmarkClientPull(b *testing.B) {
-	env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync))
-	topic := uniqueName("BenchClientPull")
-	createTopic(b, env, topic, 1)
-	const preload = 20000
-	conn := dialTB(b, env.addr)
-	body := make([]byte, 128)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, benchInFlight)
-	for range preload {
-		sem <- struct{}{}
-		wg.Add(1)
-		conn.InvokeAsync(context.Background(), durableSendReq(topic, 0, body, "p"), func(resp *protocol.Command, err error) {
-			if err != nil || resp.Code != protocol.ResSuccess {
-				b.Errorf("preload: %v %v", resp, err)
-			}
-			<-sem
-			wg.Done()
-		})
-	}
-	wg.Wait()
+	env, topic, _ := preloadPullQueue(b, "BenchClientPull")
 	ctx := context.Background()
 
 	b.Run("impl=runnel", func(b *testing.B) {
 		c := newRunnelClient(b, env)
 		q := protocol.MessageQueue{Topic: topic, BrokerName: broker0, QueueID: 0}
-		pullLoop(b, preload, func(off int64) int {
+		pullLoop(b, pullPreload, func(off int64) int {
 			res, err := c.Pull(ctx, client.PullRequest{Queue: q, Offset: off, MaxMsgs: 32, Group: "benchPullR"})
 			if err != nil || res.Status != client.PullFound {
 				b.Fatalf("Pull @%d: %v %v", off, res, err)
@@ -249,7 +230,7 @@ func BenchmarkClientPull(b *testing.B) {
 		if err := pc.Start(); err != nil {
 			b.Fatal(err)
 		}
-		pullLoop(b, preload, func(off int64) int {
+		pullLoop(b, pullPreload, func(off int64) int {
 			res, err := pc.PullFrom(ctx, mq, off, 32)
 			if err != nil || res.Status != primitive.PullFound {
 				b.Fatalf("PullFrom @%d: %v %v", off, res, err)
@@ -259,7 +240,7 @@ func BenchmarkClientPull(b *testing.B) {
 	})
 	b.Run("impl=raw", func(b *testing.B) {
 		rconn := dialTB(b, env.addr)
-		pullLoop(b, preload, func(off int64) int { return rawPull(b, rconn, topic, off) })
+		pullLoop(b, pullPreload, func(off int64) int { return rawPull(b, rconn, topic, off) })
 	})
 }
 
