@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
-	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -89,22 +88,12 @@ func runETLDemo(ctx context.Context, f etlDemoFlags, out io.Writer) (err error) 
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "runnel-demo-")
+	env, err := startDemoEnv(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
-	cl, err := wordcount.StartCluster(ctx, filepath.Join(dir, "cluster"), nil)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, cl.Close()) }()
-	fmt.Fprintf(out, "runnel demo: embedded name server %s, broker %s\n", cl.NameServer(), cl.BrokerAddr())
-	c, err := wordcount.NewClient(cl.NameServer())
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, c.Close()) }()
+	defer func() { err = errors.Join(err, env.Close()) }()
+	dir, cl, c := env.dir, env.cl, env.c
 	if err := etl.EnsureTopics(ctx, c, cl.BrokerAddr(), 4, etl.DefaultIn, etl.DefaultOut, etl.DefaultDLQ); err != nil {
 		return err
 	}

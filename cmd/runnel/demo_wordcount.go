@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -62,22 +61,12 @@ func runDemo(ctx context.Context, f demoFlags, out io.Writer) (err error) {
 	if f.lines < 1 || f.queues < 1 || f.interval <= 0 || f.top < 0 {
 		return errors.New("demo: --lines and --queues must be at least 1, --interval positive, --top not negative")
 	}
-	dir, err := os.MkdirTemp("", "runnel-demo-")
+	env, err := startDemoEnv(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
-	cl, err := wordcount.StartCluster(ctx, dir, nil)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, cl.Close()) }()
-	fmt.Fprintf(out, "runnel demo: embedded name server %s, broker %s\n", cl.NameServer(), cl.BrokerAddr())
-	c, err := wordcount.NewClient(cl.NameServer())
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, c.Close()) }()
+	defer func() { err = errors.Join(err, env.Close()) }()
+	dir, cl, c := env.dir, env.cl, env.c
 
 	const topic = "demo-lines"
 	if err := wordcount.CreateTopic(ctx, c, cl.BrokerAddr(), topic, f.queues); err != nil {
