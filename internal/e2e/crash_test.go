@@ -154,21 +154,32 @@ func expectedCounts() map[uint64]int64 {
 	return want
 }
 
+// diffCounts compares per-key counts (see diffMaps).
 func diffCounts(got, want map[uint64]int64) (diffs int, example string) {
+	return diffMaps(got, want, func(v int64) string { return fmt.Sprint(v) })
+}
+
+// diffMaps returns how many keys differ between got and want (a different
+// or missing value, or a key want does not have) and a description of the
+// first difference found, with values shown by show.
+func diffMaps[K, V comparable](got, want map[K]V, show func(V) string) (n int, example string) {
 	for k, w := range want {
-		if got[k] != w {
-			if diffs == 0 {
-				example = fmt.Sprintf("key %d: got %d, want %d", k, got[k], w)
+		if g, ok := got[k]; !ok || g != w {
+			if n == 0 {
+				example = fmt.Sprintf("key %v: got %s (present %v), want %s", k, show(g), ok, show(w))
 			}
-			diffs++
+			n++
 		}
 	}
 	for k := range got {
 		if _, ok := want[k]; !ok {
-			diffs++
+			if n == 0 {
+				example = fmt.Sprintf("unexpected key %v", k)
+			}
+			n++
 		}
 	}
-	return diffs, example
+	return n, example
 }
 
 func crashKills() int {

@@ -160,24 +160,9 @@ func runWindowsCrash(t *testing.T, seed uint64, kills int, control bool) (result
 	return readKV(t, filepath.Join(dir, "results")), readKV(t, filepath.Join(dir, "late"))
 }
 
+// diffKV compares key/value results whose values are binary (see diffMaps).
 func diffKV(got, want map[string]string) (n int, example string) {
-	for k, w := range want {
-		if g, ok := got[k]; !ok || g != w {
-			if n == 0 {
-				example = fmt.Sprintf("key %q: got %x (present %v), want %x", k, g, ok, w)
-			}
-			n++
-		}
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			if n == 0 {
-				example = fmt.Sprintf("unexpected key %q", k)
-			}
-			n++
-		}
-	}
-	return n, example
+	return diffMaps(got, want, func(v string) string { return fmt.Sprintf("%x", v) })
 }
 
 func windowsKills() int {
