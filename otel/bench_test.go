@@ -133,7 +133,7 @@ func runBenchJob(ctx context.Context, b *testing.B, cl *cluster, in, out string,
 		}
 		hooks, jobHooks = []client.Hook{tel}, []runtime.Hook{tel}
 	}
-	c, err := client.New(client.WithNameServers(cl.ns), client.WithClientIP(netip.MustParseAddr("127.0.0.1")), client.WithHooks(hooks...))
+	c, err := client.New(client.WithNameServers(cl.tc.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")), client.WithHooks(hooks...))
 	if err != nil {
 		b.Fatal(err)
 	}

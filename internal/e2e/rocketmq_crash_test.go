@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	srcmq "github.com/runnel-dev/runnel/source/rocketmq"
@@ -81,22 +82,7 @@ func newMQClient(addr string) (*client.Client, error) {
 // createTopic creates topic with n queues and waits for its route.
 func (e *mqEnv) createTopic(tb testing.TB, topic string, n int) []protocol.MessageQueue {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := e.c.CreateTopic(ctx, e.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
-		tb.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		r, err := e.c.RefreshRoute(ctx, topic)
-		if err == nil && len(r.PublishQueues()) == n {
-			return r.PublishQueues()
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("route of %s: %v", topic, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testutil.CreateTopic(tb, e.c, e.b.Addr(), topic, n)
 }
 
 // preload stores per records in each queue of qs, record seq of queue q

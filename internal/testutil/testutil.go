@@ -14,6 +14,7 @@ import (
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/namesrv"
+	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
 // BrokerName is the broker name RunCluster gives its broker unless an
@@ -102,4 +103,54 @@ func (cl *Cluster) waitRegistered(t testing.TB, ctx context.Context) {
 func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
 	t.Helper()
 	poll.Until(t, total, every, fn)
+}
+
+// NewClient returns a client of cl's name server (client IP 127.0.0.1,
+// then opts), closed at the end of the test.
+func (cl *Cluster) NewClient(t testing.TB, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(append([]client.Option{client.WithNameServers(cl.NameServer),
+		client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// NewProducer returns a producer of c in group, closed at the end of the
+// test.
+func NewProducer(t testing.TB, c *client.Client, group string) *client.Producer {
+	t.Helper()
+	p, err := client.NewProducer(c, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// CreateTopic creates topic with n read and write queues on the broker at
+// brokerAddr through c, waits (at most 20 s) until c's route of it shows n
+// publish and n subscribe queues, and returns the publish queues.
+func CreateTopic(t testing.TB, c *client.Client, brokerAddr, topic string, n int) []protocol.MessageQueue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := c.CreateTopic(ctx, brokerAddr, client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
+		t.Fatal(err)
+	}
+	var qs []protocol.MessageQueue
+	CheckFor(t, startTimeout, 10*time.Millisecond, func() error {
+		r, err := c.RefreshRoute(ctx, topic)
+		if err != nil {
+			return fmt.Errorf("route of %s: %w", topic, err)
+		}
+		qs = r.PublishQueues()
+		if len(qs) != n || len(r.SubscribeQueues()) != n {
+			return fmt.Errorf("route of %s has %d publish and %d subscribe queues, want %d", topic, len(qs), len(r.SubscribeQueues()), n)
+		}
+		return nil
+	})
+	return qs
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"testing"
@@ -33,37 +32,13 @@ type cluster struct {
 func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 	t.Helper()
 	tc := testutil.RunCluster(t, bopts...)
-	b := tc.Broker
-	c, err := client.New(client.WithNameServers(tc.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	p, err := client.NewProducer(c, "sink_test_producer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return &cluster{t: t, b: b, c: c, p: p}
+	c := tc.NewClient(t)
+	return &cluster{t: t, b: tc.Broker, c: c, p: testutil.NewProducer(t, c, "sink_test_producer")}
 }
 
 func (cl *cluster) createTopic(topic string, n int) {
 	cl.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := cl.c.CreateTopic(ctx, cl.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
-		cl.t.Fatal(err)
-	}
-	testutil.CheckFor(cl.t, 20*time.Second, 20*time.Millisecond, func() error {
-		r, err := cl.c.RefreshRoute(ctx, topic)
-		if err != nil {
-			return fmt.Errorf("route of %s: %w", topic, err)
-		}
-		if got := len(r.PublishQueues()); got != n {
-			return fmt.Errorf("route of %s has %d publish queues, want %d", topic, got, n)
-		}
-		return nil
-	})
+	testutil.CreateTopic(cl.t, cl.c, cl.b.Addr(), topic, n)
 }
 
 // readTopic returns every message stored in topic (all queues, up to the

@@ -3,8 +3,6 @@ package rocketmq
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -39,39 +37,15 @@ type cluster struct {
 func newCluster(t testing.TB, bopts ...broker.Option) *cluster {
 	t.Helper()
 	tc := testutil.RunCluster(t, bopts...)
-	b := tc.Broker
-	c, err := client.New(client.WithNameServers(tc.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	p, err := client.NewProducer(c, "test_producer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return &cluster{t: t, b: b, c: c, p: p, broker: testutil.BrokerName, ns: tc.NameServer}
+	c := tc.NewClient(t)
+	return &cluster{t: t, b: tc.Broker, c: c, p: testutil.NewProducer(t, c, "test_producer"), broker: testutil.BrokerName, ns: tc.NameServer}
 }
 
 // createTopic creates topic with n queues and waits until its route shows
 // them.
 func (cl *cluster) createTopic(topic string, n int) {
 	cl.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := cl.c.CreateTopic(ctx, cl.b.Addr(), client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
-		cl.t.Fatal(err)
-	}
-	testutil.CheckFor(cl.t, 20*time.Second, 20*time.Millisecond, func() error {
-		r, err := cl.c.RefreshRoute(ctx, topic)
-		if err != nil {
-			return err
-		}
-		if got := len(r.SubscribeQueues()); got != n {
-			return fmt.Errorf("route of %s has %d queues, want %d", topic, got, n)
-		}
-		return nil
-	})
+	testutil.CreateTopic(cl.t, cl.c, cl.b.Addr(), topic, n)
 }
 
 func (cl *cluster) queue(topic string, id int) protocol.MessageQueue {
