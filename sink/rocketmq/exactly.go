@@ -93,8 +93,9 @@ import (
 // will list (if that rollback fails, the job fails with ErrEpochTooOld). If
 // a commit nevertheless finds half messages discarded (the process was
 // paused past the window between pre-commit and commit), the sink sends
-// those records again from memory as new half messages and commits them at
-// once. After a restart it has no copy: Commit then fails with
+// those records again from memory as new half messages and commits each at
+// once, in its lane before the lane's next record, so records of one key
+// stay in order. After a restart it has no copy: Commit then fails with
 // ErrDiscarded, naming them (they are in TRANS_CHECK_MAX_TIME_TOPIC), and
 // the job cannot proceed without an operator — the one case that needs a
 // pause past the window and a crash in the same commit.
