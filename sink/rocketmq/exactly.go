@@ -900,9 +900,10 @@ func (s *ExactlyOnce[T]) commit(d *txnDesc, ep *epochTxn) error {
 			return s.sendAgain(ctx, ep.slot(i).m)
 		}
 	}
+	// endAll returns discarded half messages only when again is nil.
 	discarded, err := s.endAll(ctx, d.handles, true, again)
 	if err == nil && len(discarded) > 0 {
-		err = s.resend(ctx, d, ep, discarded)
+		err = errDiscardedNoCopy(d, discarded)
 	}
 	if err != nil {
 		s.mu.Lock()
@@ -1023,25 +1024,16 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 	return discarded, firstErr
 }
 
-// resend sends the records of discarded half messages again (from ep's
-// memory, same lane order) as new half messages and commits them at once.
-func (s *ExactlyOnce[T]) resend(ctx context.Context, d *txnDesc, ep *epochTxn, discarded []int) error {
-	if ep == nil || ep.n != len(d.handles) {
-		ids := make([]string, 0, min(len(discarded), 20))
-		for _, i := range discarded[:min(len(discarded), 20)] {
-			ids = append(ids, d.handles[i].h.MsgID)
-		}
-		return fmt.Errorf("%w: %d of checkpoint %d (epoch %d of run %s), no copy in this process; first ids %s (see TRANS_CHECK_MAX_TIME_TOPIC)",
-			ErrDiscarded, len(discarded), d.checkpoint, d.epoch, d.run, strings.Join(ids, ","))
+// errDiscardedNoCopy is the error of a commit that found half messages
+// discarded and has no copy of their records (the epoch was sent by an
+// earlier run): an operator must act (see ErrDiscarded).
+func errDiscardedNoCopy(d *txnDesc, discarded []int) error {
+	ids := make([]string, 0, min(len(discarded), 20))
+	for _, i := range discarded[:min(len(discarded), 20)] {
+		ids = append(ids, d.handles[i].h.MsgID)
 	}
-	s.log.Warn("rocketmq sink: half messages discarded by the broker (paused past its discard window); sending them again",
-		"group", s.group, "epoch", d.epoch, "count", len(discarded))
-	for _, i := range sortedInts(discarded) {
-		if err := s.sendAgain(ctx, ep.slot(i).m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return fmt.Errorf("%w: %d of checkpoint %d (epoch %d of run %s), no copy in this process; first ids %s (see TRANS_CHECK_MAX_TIME_TOPIC)",
+		ErrDiscarded, len(discarded), d.checkpoint, d.epoch, d.run, strings.Join(ids, ","))
 }
 
 // sendAgain sends m (the record of a discarded half message) as a new half
@@ -1062,16 +1054,6 @@ func (s *ExactlyOnce[T]) sendAgain(ctx context.Context, m *client.Message) error
 		return fmt.Errorf("rocketmq sink: committing a discarded record sent again: %w", err)
 	}
 	return nil
-}
-
-func sortedInts(a []int) []int {
-	// insertion sort: discarded sets are small.
-	for i := 1; i < len(a); i++ {
-		for j := i; j > 0 && a[j] < a[j-1]; j-- {
-			a[j], a[j-1] = a[j-1], a[j]
-		}
-	}
-	return a
 }
 
 // Abort implements sink.TwoPhaseCommit: it rolls back every half message
