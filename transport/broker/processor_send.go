@@ -59,7 +59,9 @@ func (b *Broker) processSend(ctx context.Context, rc *remoting.RequestCtx) (*pro
 // remoting's HandleInline: it runs on the connection's reader goroutine, so
 // it must not block. The common send (an existing, non-retry topic, one
 // message) only validates, encodes and hands the record to the store's
-// committer (Store.PutAsync), answering later. A send whose path may block
+// committer (Store.PutAsync), answering later, or, when its connection has
+// nothing else in flight and the store is idle in ASYNC flush mode, commits
+// it right there (Store.PutAsyncInline). A send whose path may block
 // on a synchronous Pebble write or a store round is handed to a
 // broker-owned goroutine instead (sendMayBlock, handOff).
 //
@@ -320,7 +322,11 @@ func isTransactional(sysFlag int32, props string) bool {
 // The store round is not waited for: the request is deferred and answered
 // by the store's committer once the round is durable (pendingSend), so
 // the goroutine serving the connection (its reader, processSendInline)
-// is free for the next request at once.
+// is free for the next request at once. The one exception is the send of
+// a connection with nothing else in flight in ASYNC flush mode, which the
+// store commits and answers on the calling goroutine when its committer is
+// idle (Store.PutAsyncInline): its round is one Pebble batch without an
+// fsync, cheaper than waking the committer for it.
 func (b *Broker) sendOne(ctx context.Context, rc *remoting.RequestCtx, tmpl *InboundMessage) (*protocol.Command, error) {
 	// The message lives in the pooled pendingSend from here on, so that the
 	// hooks' pointer to it does not move the caller's template to the heap.
@@ -391,8 +397,16 @@ func (b *Broker) prepareOne(ctx context.Context, rc *remoting.RequestCtx, p *pen
 		TagsCode:          tagsCode(p.m.Properties),
 		Keys:              appendIndexKeys(p.keys[:0], p.m.Properties),
 	}
-	rc.Defer() // before PutAsync: the committer may answer at once
-	if err := b.store.PutAsync(ctx, p.msgs[:], p.res[:], p.done); err != nil {
+	rc.Defer() // before the Put: PutAsyncInline answers before it returns
+	put := b.store.PutAsync
+	if rc.Conn().Handling() <= 1 {
+		// The only request of its connection in flight: nothing to group
+		// it with, so commit it here when the store is idle, sparing the
+		// wake-up of the committer. A connection pipelining requests
+		// leaves them to the committer's group commit.
+		put = b.store.PutAsyncInline
+	}
+	if err := put(ctx, p.msgs[:], p.res[:], p.done); err != nil {
 		p.release()
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
 	}
@@ -426,7 +440,8 @@ func newPendingSend(b *Broker) *pendingSend {
 }
 
 // finish answers the request once its store round ended. It runs on the
-// store's committer goroutine: everything it does is non-blocking (the
+// store's committer goroutine, or on the goroutine that called
+// PutAsyncInline: everything it does is non-blocking (the
 // afterStore hook must not block; Respond never does).
 func (p *pendingSend) finish(err error) {
 	b, rc := p.b, p.rc

@@ -336,6 +336,12 @@ func (c *Conn) Stats() Stats {
 	}
 }
 
+// Handling returns, on a Server's connection, how many requests are being
+// served or await their deferred response (the one being served
+// included): above 1, the peer pipelines requests. Always 0 on a client
+// Conn.
+func (c *Conn) Handling() int64 { return c.handling.Load() }
+
 // Close closes the connection: the socket is closed, every pending call
 // fails with an error wrapping ErrConnClosed, and Close waits for the
 // reader, the writer and running handlers (whose ctx is cancelled) to

@@ -30,6 +30,10 @@
 // round are released after that single fsync (group commit). With
 // [FlushAsync] the batch is committed without fsync; a background goroutine
 // fsyncs the WAL every [Options.SyncInterval] when there were writes.
+// [Store.PutAsyncInline], in [FlushAsync] mode, runs such a round of one
+// call on the caller's goroutine instead, under the same append lock, when
+// the committer has no call queued or in hand (an idle store gains nothing
+// from the hand-off but its wake-up).
 //
 // Readers never see data that the committer has not published: the per-queue
 // max offset and the physical counter that reads are bounded by are advanced
@@ -63,8 +67,8 @@
 //     so after any crash they agree. Open still takes the max of the persisted
 //     next offset and (last message key + 1), and of the persisted physical
 //     counter and the end of the last physical index entry.
-//   - Queue offsets and physical offsets are assigned only by the committer
-//     goroutine under writeMu; TruncateBefore and DeleteTopic also hold writeMu.
+//   - Queue offsets and physical offsets are assigned only under writeMu, by
+//     the committer goroutine or an inline PutAsyncInline round; TruncateBefore and DeleteTopic also hold writeMu.
 //   - Store timestamps never decrease across the whole store (the clock is
 //     clamped to the last assigned timestamp, which is persisted), so per queue
 //     they are non-decreasing in offset order, which SearchOffset's binary

@@ -100,6 +100,55 @@ func (s *Store) PutAsync(ctx context.Context, msgs []PutMessage, res []PutResult
 	return s.submit(ctx, r)
 }
 
+// PutAsyncInline is PutAsync that may commit on the caller's goroutine: in
+// FlushAsync mode, while no Put or PutAsync call is queued or in a round
+// (and the append lock is free), it commits msgs as a round of their own
+// and calls done before returning, sparing the hand-off to the committer
+// goroutine and its wake-up. Otherwise it queues msgs as PutAsync does.
+// done then runs on the caller's goroutine, with no store lock held.
+//
+// Calls reach the store in the order they were made: a call that finds
+// earlier calls queued or committing queues behind them, so that the calls
+// one goroutine makes one after the other get ascending offsets in each
+// queue, as with PutAsync. Under load (calls queued) the committer's group
+// commit takes every call.
+func (s *Store) PutAsyncInline(ctx context.Context, msgs []PutMessage, res []PutResult, done func(err error)) error {
+	if len(res) != len(msgs) || done == nil {
+		return fmt.Errorf("%w: PutAsync needs one result slot per message and a callback", ErrInvalid)
+	}
+	r, err := s.newPutRequest(msgs)
+	if err != nil {
+		return err
+	}
+	r.res, r.cb = res, done
+	if s.opts.FlushMode != FlushAsync || s.queued.Load() != 0 || !s.writeMu.TryLock() {
+		return s.submit(ctx, r)
+	}
+	// Re-checked under writeMu: a call queued meanwhile goes first.
+	if s.queued.Load() != 0 {
+		s.writeMu.Unlock()
+		return s.submit(ctx, r)
+	}
+	if err := ctx.Err(); err != nil {
+		s.writeMu.Unlock()
+		s.freePutRequest(r)
+		return err
+	}
+	if err := s.acquire(); err != nil {
+		s.writeMu.Unlock()
+		s.freePutRequest(r)
+		return err
+	}
+	s.rounds.Add(1)
+	s.inline[0] = r
+	err = s.commitLocked(s.inline[:])
+	s.inline[0] = nil
+	s.writeMu.Unlock()
+	s.finish(r, err)
+	s.release()
+	return nil
+}
+
 // newPutRequest validates msgs and returns a pooled request for them.
 func (s *Store) newPutRequest(msgs []PutMessage) (*putRequest, error) {
 	size, err := s.validatePut(msgs)
@@ -135,6 +184,8 @@ func (s *Store) submit(ctx context.Context, r *putRequest) error {
 		return err
 	}
 	defer s.release()
+	// Counted before it is queued: PutAsyncInline must see it from now on.
+	s.queued.Add(1)
 	select {
 	case s.reqs <- r:
 		return nil
@@ -144,6 +195,7 @@ func (s *Store) submit(ctx context.Context, r *putRequest) error {
 	case s.reqs <- r:
 		return nil
 	case <-ctx.Done():
+		s.queued.Add(-1)
 		s.freePutRequest(r)
 		return ctx.Err()
 	}
@@ -214,6 +266,7 @@ func (s *Store) runCommitter() {
 			for {
 				select {
 				case r := <-s.reqs:
+					s.queued.Add(-1)
 					s.finish(r, ErrClosed)
 				default:
 					return
@@ -244,6 +297,9 @@ func (s *Store) runCommitter() {
 		}
 		s.rounds.Add(1)
 		err := s.commit(pending)
+		// The round's offsets are assigned (or it failed): calls made from
+		// now on may commit inline without overtaking it.
+		s.queued.Add(-int64(len(pending)))
 		for i, r := range pending {
 			s.finish(r, err)
 			pending[i] = nil
@@ -256,6 +312,11 @@ func (s *Store) runCommitter() {
 func (s *Store) commit(reqs []*putRequest) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	return s.commitLocked(reqs)
+}
+
+// commitLocked is commit with writeMu held.
+func (s *Store) commitLocked(reqs []*putRequest) error {
 	if err := s.failedErr(); err != nil {
 		return err
 	}

@@ -217,8 +217,11 @@ type Store struct {
 	log  *slog.Logger
 
 	reqs chan *putRequest
-	quit chan struct{}
-	wg   sync.WaitGroup
+	// queued counts the Put and PutAsync calls queued for the committer or
+	// in its current round (PutAsyncInline commits inline only at zero).
+	queued atomic.Int64
+	quit   chan struct{}
+	wg     sync.WaitGroup
 
 	reqPool sync.Pool // *putRequest
 	bounds  sync.Pool // *bounds
@@ -231,11 +234,12 @@ type Store struct {
 	// WAL writer once it holds an error (walfs.go). Not held while waiting
 	// for an fsync.
 	walMu    sync.Mutex
-	physNext int64    // writeMu
-	lastTS   int64    // writeMu
-	touched  []*queue // writeMu; scratch
-	refs     []msgRef // writeMu; scratch
-	sorted   []msgRef // writeMu; scratch
+	physNext int64          // writeMu
+	lastTS   int64          // writeMu
+	touched  []*queue       // writeMu; scratch
+	refs     []msgRef       // writeMu; scratch
+	sorted   []msgRef       // writeMu; scratch
+	inline   [1]*putRequest // writeMu; PutAsyncInline's round
 
 	// physPublished bounds physical offsets readers may resolve.
 	physPublished atomic.Int64
