@@ -13,9 +13,11 @@ import (
 // the state of a possibly larger actual window).
 type contents[K comparable, T, OUT any] interface {
 	open(b *state.Backend) error
-	// add adds v to sw; created reports that sw had no data before. With
-	// empty the caller knows that sw has no data (it is not read).
-	add(sw span, v T, empty bool) (created bool, err error)
+	// add adds v to sw; created reports that sw had no data before. empty
+	// (nil: none) tells, without reading state, that sw has no data when it
+	// returns true: it is asked only when memory does not know sw, so that
+	// a new window costs no store read.
+	add(sw span, v T, empty func(span) bool) (created bool, err error)
 	// fire emits sw's results through out, with p.Firing set to its firing
 	// index, and then drops the data (purge) or counts the firing. It
 	// reports false when sw has no data.
@@ -51,20 +53,40 @@ func (c *incContents[K, T, ACC, OUT]) open(b *state.Backend) (err error) {
 	return err
 }
 
-func (c *incContents[K, T, ACC, OUT]) add(sw span, v T, empty bool) (bool, error) {
-	var e accEntry[ACC]
-	ok := false
-	if !empty || invariants.Sometimes(10) {
-		var err error
-		if e, ok, err = c.m.Get(sw); err != nil {
-			return false, err
-		}
-		if empty && ok {
-			panic("window: a window known to be empty has state")
-		}
+func (c *incContents[K, T, ACC, OUT]) add(sw span, v T, empty func(span) bool) (bool, error) {
+	e, ok, err := getAbsent(c.m, sw, empty)
+	if err != nil {
+		return false, err
 	}
 	e.acc = c.fn.add(e.acc, ok, v)
 	return !ok, c.m.Put(sw, e)
+}
+
+// getAbsent reads m's entry sw: from memory when it knows sw, else, unless
+// empty says sw has no entry, from the store. Under invariants it sometimes
+// checks empty's word against the state.
+func getAbsent[V any](m *state.Map[span, V], sw span, empty func(span) bool) (V, bool, error) {
+	if empty == nil {
+		return m.Get(sw)
+	}
+	e, ok, known, err := m.GetBuffered(sw)
+	if err != nil {
+		return e, false, err
+	}
+	switch {
+	case !known && !empty(sw):
+		return m.Get(sw)
+	case !known && invariants.Sometimes(10):
+		if e, ok, err = m.Get(sw); err != nil {
+			return e, false, err
+		}
+		if ok {
+			panic("window: a window known to be empty has state")
+		}
+	case invariants.Enabled && ok && invariants.Sometimes(10) && empty(sw):
+		panic("window: a window known to be empty has state")
+	}
+	return e, ok, nil
 }
 
 func (c *incContents[K, T, ACC, OUT]) fire(p *Pane[K], sw span, purge bool, out func(OUT) error) (bool, error) {
@@ -134,17 +156,10 @@ func (c *procContents[K, T, OUT]) open(b *state.Backend) (err error) {
 	return err
 }
 
-func (c *procContents[K, T, OUT]) add(sw span, v T, empty bool) (bool, error) {
-	var m contentsMeta
-	ok := false
-	if !empty || invariants.Sometimes(10) {
-		var err error
-		if m, ok, err = c.meta.Get(sw); err != nil {
-			return false, err
-		}
-		if empty && ok {
-			panic("window: a window known to be empty has state")
-		}
+func (c *procContents[K, T, OUT]) add(sw span, v T, empty func(span) bool) (bool, error) {
+	m, ok, err := getAbsent(c.meta, sw, empty)
+	if err != nil {
+		return false, err
 	}
 	if err := c.elems.Put(elemKey{w: sw, seq: m.next}, v); err != nil {
 		return false, err

@@ -101,6 +101,9 @@ type operator[K comparable, T, OUT any] struct {
 	pane  Pane[K]
 	tctx  TriggerContext
 	outFn func(OUT) error
+	// emptyFn is stateless, for the windows that it can tell about (nil:
+	// none).
+	emptyFn func(span) bool
 }
 
 type session struct{ actual, state span }
@@ -109,6 +112,9 @@ func newOperator[K comparable, T, OUT any](a Assigner, cfg config, c contents[K,
 	o := &operator[K, T, OUT]{a: a, lateness: int64(cfg.lateness), cont: c, trig: a.trigger}
 	o.tctx.ops = o
 	o.outFn = o.out
+	if o.trig == nil && !a.merging() {
+		o.emptyFn = o.stateless
+	}
 	if err := a.validate(); err != nil {
 		o.err = err
 	} else if err := c.check(a.merging()); err != nil {
@@ -193,7 +199,7 @@ func (o *operator[K, T, OUT]) ProcessElement(ctx *pipeline.KeyedContext[K, Resul
 			continue // the window expired
 		}
 		skipped = false
-		created, err := o.cont.add(w, v, o.stateless(w))
+		created, err := o.cont.add(w, v, o.emptyFn)
 		if err != nil {
 			return err
 		}
@@ -285,7 +291,7 @@ func (o *operator[K, T, OUT]) processMerging(v T, ts, wm int64) error {
 			return err
 		}
 	}
-	if _, err := o.cont.add(sw, v, false); err != nil {
+	if _, err := o.cont.add(sw, v, nil); err != nil {
 		return err
 	}
 	if o.a.eventTime() && actual.maxTs() <= wm {
@@ -319,7 +325,11 @@ func (o *operator[K, T, OUT]) storeSessions(ents []session) error {
 // (event time) or firing timer (processing time) is registered: the timer
 // is registered when the state is created, the state is cleared when the
 // timer fires, and a window whose cleanup time passed gets no state again.
-// The in-memory timer index answers without a store read.
+// The in-memory timer index answers without a store read. It is asked only
+// when the write-back layers and the cache of committed values do not know
+// the window (see contents.add): most records find their window's state in
+// memory, and the timer lookup would be a second random memory access per
+// record.
 func (o *operator[K, T, OUT]) stateless(w span) bool {
 	if o.trig != nil || o.a.merging() {
 		return false
