@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -237,7 +239,13 @@ func TestServerQueuedBytesBound(t *testing.T) {
 		body  = 64 << 10
 		bound = 512 << 10
 	)
-	s, addr := newTestServer(t, WithMaxQueuedBytes(bound), WithWriteTimeout(time.Minute))
+	var cutOut atomic.Int64 // bytes handed to the socket of the connection cut
+	s, addr := newTestServer(t, WithMaxQueuedBytes(bound), WithWriteTimeout(time.Minute),
+		WithOnDisconnect(func(sc *ServerConn) {
+			if errors.Is(sc.Err(), ErrWriteQueueBytes) {
+				cutOut.Store(sc.Stats().BytesOut)
+			}
+		}))
 	big := bytes.Repeat([]byte{'x'}, body)
 
 	// A reading client: 64 responses of 64 KiB, far above the bound in total.
@@ -279,8 +287,14 @@ func TestServerQueuedBytesBound(t *testing.T) {
 	if st := s.Stats(); st.WriteQueueFull != 0 {
 		t.Fatalf("frame bound hit instead: %+v", st)
 	}
-	t.Logf("cut after %d requests of %d KiB responses", sent, body>>10)
 	checkFor(t, 5*time.Second, 5*time.Millisecond, statsCheck(s, "Active", 1, func(st ServerStats) int64 { return st.Active }))
+	t.Logf("cut after %d requests of %d KiB responses, %d KiB handed to its socket", sent, body>>10, cutOut.Load()>>10)
+	// The bytes the socket holds unread count towards the bound: the
+	// server stops producing for the peer once the bound is reached, not
+	// once the kernel's send buffer (megabytes) is full too.
+	if runtime.GOOS == "linux" && cutOut.Load() > bound+2*body {
+		t.Errorf("%d KiB handed to the socket of a peer that never reads; bound %d KiB", cutOut.Load()>>10, bound>>10)
+	}
 }
 
 // captureHandler records log messages.

@@ -225,7 +225,10 @@ func WithWriteQueueFrames(n int) CommonOption {
 // ErrWriteQueueBytes instead of buffering more for a peer that does not read
 // (a single frame is always accepted into an empty queue, whatever its
 // size). Requests this side sends count towards the bytes but wait only for
-// frame room.
+// frame room. On a Server's plain TCP connection (Linux), a response with a
+// body of 1 KiB or more also counts the bytes the socket has taken but the
+// peer not yet acknowledged: the kernel's send buffer, which grows to
+// megabytes, does not hide a peer that stops reading.
 func WithMaxQueuedBytes(n int64) CommonOption {
 	return commonOpt(func(c *connConfig) { c.maxQueuedB = n })
 }

@@ -95,12 +95,42 @@ func (rc *RequestCtx) Respond(resp *protocol.Command) error {
 	}
 	var err error
 	if resp != nil {
-		err = rc.conn.Conn.writeResponse(rc.req, resp)
+		if err = rc.conn.checkBacklog(rc.req, resp); err == nil {
+			err = rc.conn.Conn.writeResponse(rc.req, resp)
+		}
 	}
 	if old&rcDeferred != 0 {
 		rc.conn.Conn.handling.Add(-1)
 	}
 	return err
+}
+
+// backlogCheckBody is the body size from which a response first checks the
+// bytes its connection's socket holds unsent or unacknowledged (a system
+// call): large responses (pulls) are what a peer that does not read piles
+// up; small ones are bounded by the write queue once the socket is full.
+const backlogCheckBody = 1 << 10
+
+// checkBacklog closes sc with ErrWriteQueueBytes when resp, answering req,
+// would take its output over WithMaxQueuedBytes, counting the bytes its
+// socket has taken but the peer not yet acknowledged as well as those
+// queued. The kernel's send buffer can grow to megabytes per connection:
+// counting only the queue, a peer that does not read would be cut only
+// after the broker produced that much for it. As with the queue alone, a
+// response is always accepted when nothing is backed up.
+func (sc *ServerConn) checkBacklog(req, resp *protocol.Command) error {
+	c := sc.Conn
+	lim := c.cfg.maxQueuedB
+	if c.sock == nil || lim <= 0 || len(resp.Body) < backlogCheckBody || req.IsOneway() {
+		return nil
+	}
+	backlog := c.queuedB.Load() + int64(c.sock.unsent())
+	if backlog == 0 || backlog+int64(len(resp.Body)) <= lim {
+		return nil
+	}
+	c.logClose("remoting: closing connection: unread output over its byte bound", "bytes", backlog, "limit", lim)
+	c.shutdown(ErrWriteQueueBytes)
+	return c.closedErr()
 }
 
 // ServerConn is the server side of one accepted connection. It embeds *Conn,

@@ -13,3 +13,5 @@ func newSock(net.Conn) *sock { return nil }
 func (*sock) write([]byte) (int, error) { return 0, nil }
 
 func (*sock) waitReadable() error { return nil }
+
+func (*sock) unsent() int { return 0 }

@@ -5,6 +5,7 @@ package remoting
 import (
 	"errors"
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -27,6 +28,11 @@ type sock struct {
 	waited bool
 	peek   [1]byte
 	readFn func(fd uintptr) bool
+
+	// unsent's state: any goroutine answering a request may call it.
+	unsentMu sync.Mutex
+	unsentN  int
+	unsentFn func(fd uintptr)
 }
 
 // newSock returns the sock of nc, or nil when nc is not a plain TCP
@@ -44,8 +50,25 @@ func newSock(nc net.Conn) *sock {
 	s := &sock{rc: rc}
 	s.writeFn = s.doWrite
 	s.readFn = s.doPeek
+	s.unsentFn = s.doUnsent
 	return s
 }
+
+// unsent returns the bytes the socket has taken but the peer has not yet
+// acknowledged (written but not yet read, when the peer has stopped
+// reading): they count towards the connection's output bound. 0 where
+// the system does not tell, or once the connection is closed.
+func (s *sock) unsent() int {
+	s.unsentMu.Lock()
+	defer s.unsentMu.Unlock()
+	s.unsentN = 0
+	if err := s.rc.Control(s.unsentFn); err != nil {
+		return 0 // closed
+	}
+	return s.unsentN
+}
+
+func (s *sock) doUnsent(fd uintptr) { s.unsentN = socketUnsent(fd) }
 
 // write writes as much of b as the socket takes without waiting, and
 // returns how much that was. An error means the connection failed, except
