@@ -20,6 +20,14 @@ type Part interface {
 	WriteTo(w *Writer) error
 }
 
+// PartSizer is a Part that knows about how many bytes it writes: Commit
+// sizes the batch once for all its parts instead of growing it.
+type PartSizer interface {
+	Part
+	// SizeHint is the approximate number of bytes WriteTo adds.
+	SizeHint() int
+}
+
 // Writer adds state changes to the checkpoint batch being built. It is valid
 // only during Part.WriteTo and is not safe for concurrent use. Its methods
 // copy their arguments.
@@ -147,7 +155,13 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	if hasLatest && c.ID <= latest.ID {
 		return Metadata{}, fmt.Errorf("%w: %d after %d", ErrStaleID, c.ID, latest.ID)
 	}
-	b := s.db.NewBatch()
+	size := 0
+	for _, p := range c.Parts {
+		if ps, ok := p.(PartSizer); ok {
+			size += ps.SizeHint()
+		}
+	}
+	b := s.db.NewBatchWithSize(size)
 	defer b.Close()
 	m = Metadata{
 		ID:            c.ID,

@@ -84,6 +84,15 @@ type Backend struct {
 
 	cur    *layer
 	frozen []*layer // oldest first; still to be confirmed committed
+	// spare is a committed layer kept to become the next current layer
+	// (its map, slices and arena are reused: a checkpoint interval's
+	// changes then allocate nothing), nil when none. A committed layer
+	// that a newer snapshot's Part also holds waits in held until the
+	// outcome (Committed or Aborted) of a snapshot id >= heldUntil says
+	// that no Commit reads that Part any more.
+	spare     *layer
+	held      *layer
+	heldUntil uint64
 	// cache holds committed values: its entries equal the store's (every
 	// newer change is in frozen or cur), so the first read of a key after
 	// a checkpoint costs a map lookup instead of a Pebble read. Committed
@@ -127,7 +136,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 		uid:    operatorUID,
 		maxP:   maxParallelism,
 		cfg:    cfg,
-		cur:    newLayer(),
+		cur:    newLayer(0),
 		cache:  readCache{limit: cfg.cacheSize},
 		states: map[string]string{},
 		ttl:    map[string]*stateConfig{},
@@ -219,10 +228,12 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 	}
 	for i := len(b.frozen) - 1; i >= 0; i-- {
 		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
+			b.cur.noteMiss(key, 0, 0)
 			return entryVal(e)
 		}
 	}
-	if v, ok, hit := b.cache.get(key); hit {
+	if v, ok, slot, hit := b.cache.getSlot(key); hit {
+		b.cur.noteMiss(key, slot, b.cache.gen)
 		return v, ok, nil
 	}
 	var ok bool
@@ -231,7 +242,8 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("state: %s: %w", b.uid, err)
 	}
-	b.cache.put(unsafeString(key), b.rbuf, ok)
+	slot := b.cache.put(unsafeString(key), b.rbuf, ok)
+	b.cur.noteMiss(key, slot, b.cache.gen)
 	return b.rbuf, ok, nil
 }
 
@@ -374,7 +386,12 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 	b.expireCurrent()
 	b.cur.id = id
 	b.frozen = append(b.frozen, b.cur)
-	b.cur = newLayer()
+	if b.spare != nil {
+		b.cur, b.spare = b.spare, nil
+		b.cur.reuse()
+	} else {
+		b.cur = newLayer(len(b.frozen[len(b.frozen)-1].index))
+	}
 	return &part{uid: b.uid, layers: slices.Clone(b.frozen)}
 }
 
@@ -384,9 +401,10 @@ func (b *Backend) expireCurrent() {
 	if len(b.ttl) == 0 {
 		return
 	}
-	for k, i := range b.cur.index {
+	for i := range b.cur.ents {
 		e := &b.cur.ents[i]
-		if e.del || len(k) < 3 {
+		k := e.key
+		if e.del || e.gone || len(k) < 3 {
 			continue
 		}
 		n, w := binary.Uvarint(unsafeBytes(k[2:]))
@@ -405,7 +423,9 @@ func (b *Backend) expireCurrent() {
 }
 
 // Committed tells the backend that checkpoint id is durable: the frozen
-// changes of id and older snapshots are dropped from memory.
+// changes of id and older snapshots are dropped from memory. Once the
+// outcome of id is told (Committed or Aborted), the Parts of id and older
+// snapshots must not be written any more: the backend reuses their memory.
 func (b *Backend) Committed(id uint64) {
 	n := 0
 	for n < len(b.frozen) && b.frozen[n].id <= id {
@@ -416,6 +436,14 @@ func (b *Backend) Committed(id uint64) {
 	}
 	for _, l := range b.frozen[:n] {
 		b.cache.merge(l)
+	}
+	b.release(id)
+	if n > 0 && len(b.frozen[n-1].ents) <= maxLayerHint {
+		if b.lastID <= id {
+			b.spare = b.frozen[n-1] // no Part in flight holds it
+		} else {
+			b.held, b.heldUntil = b.frozen[n-1], b.lastID
+		}
 	}
 	clear(b.frozen[:n])
 	b.frozen = b.frozen[n:]
@@ -456,7 +484,15 @@ outer:
 // Aborted tells the backend that checkpoint id failed. Its frozen changes
 // stay visible (under newer changes) and are written again by the next
 // Snapshot's Part.
-func (b *Backend) Aborted(id uint64) {}
+func (b *Backend) Aborted(id uint64) { b.release(id) }
+
+// release makes the held layer spare once the outcome of checkpoint id
+// covers every Part that held it.
+func (b *Backend) release(id uint64) {
+	if b.held != nil && id >= b.heldUntil {
+		b.spare, b.held = b.held, nil
+	}
+}
 
 // BufferedBytes returns the approximate size of the write-back layers
 // (current and frozen).
@@ -481,6 +517,16 @@ func (b *Backend) WantsCheckpoint() bool { return b.cur.bytes > b.cfg.bufferLimi
 type part struct {
 	uid    string
 	layers []*layer
+}
+
+// SizeHint implements checkpoint.PartSizer: the layers' keys and values,
+// each key with its store prefix and the batch's record header.
+func (p *part) SizeHint() int {
+	n := 0
+	for _, l := range p.layers {
+		n += int(l.bytes) + len(l.ents)*(len(p.uid)+8)
+	}
+	return max(n, 0)
 }
 
 func (p *part) WriteTo(w *checkpoint.Writer) error {
@@ -526,25 +572,44 @@ type sortKey struct {
 func sortedEntries(l *layer) []sortKey {
 	// lcp: the length of the part after the key group that all keys share.
 	first, lcp := "", -1
-	for k := range l.index {
+	for i := range l.ents {
+		e := &l.ents[i]
+		if e.gone {
+			continue
+		}
+		k := e.key
 		if lcp < 0 {
 			first, lcp = k[2:], len(k)-2
 			continue
 		}
-		n, i := min(lcp, len(k)-2), 0
-		for i < n && k[2+i] == first[i] {
-			i++
+		n, j := min(lcp, len(k)-2), 0
+		for j < n && k[2+j] == first[j] {
+			j++
 		}
-		lcp = i
+		lcp = j
 	}
 	out := make([]sortKey, 0, len(l.index))
-	for k, i := range l.index {
+	for i := range l.ents {
+		e := &l.ents[i]
+		if e.gone {
+			continue
+		}
+		k := e.key
 		var p [8]byte
 		p[0], p[1] = k[0], k[1]
 		copy(p[2:], k[2+lcp:])
-		out = append(out, sortKey{pfx: binary.BigEndian.Uint64(p[:]), key: k, i: i})
+		out = append(out, sortKey{pfx: binary.BigEndian.Uint64(p[:]), key: k, i: uint32(i)})
 	}
-	slices.SortFunc(out, func(a, b sortKey) int {
+	radixSortKeys(out)
+	return out
+}
+
+// radixSortKeys sorts keys by (pfx, key): a least-significant-digit radix
+// sort on the bytes of pfx in which the keys differ (most layers' keys
+// differ in a few bytes only), then a comparison sort of each run of equal
+// pfx. Small inputs use a comparison sort.
+func radixSortKeys(keys []sortKey) {
+	cmp := func(a, b sortKey) int {
 		if a.pfx != b.pfx {
 			if a.pfx < b.pfx {
 				return -1
@@ -552,8 +617,53 @@ func sortedEntries(l *layer) []sortKey {
 			return 1
 		}
 		return strings.Compare(a.key, b.key)
-	})
-	return out
+	}
+	if len(keys) < 256 {
+		slices.SortFunc(keys, cmp)
+		return
+	}
+	and, or := ^uint64(0), uint64(0)
+	for i := range keys {
+		and &= keys[i].pfx
+		or |= keys[i].pfx
+	}
+	diff := and ^ or
+	src, dst := keys, make([]sortKey, len(keys))
+	var count [256]int
+	for shift := uint(0); shift < 64; shift += 8 {
+		if (diff>>shift)&0xff == 0 {
+			continue
+		}
+		clear(count[:])
+		for i := range src {
+			count[(src[i].pfx>>shift)&0xff]++
+		}
+		sum := 0
+		for d := range count {
+			c := count[d]
+			count[d] = sum
+			sum += c
+		}
+		for i := range src {
+			d := (src[i].pfx >> shift) & 0xff
+			dst[count[d]] = src[i]
+			count[d]++
+		}
+		src, dst = dst, src
+	}
+	if &src[0] != &keys[0] {
+		copy(keys, src)
+	}
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && keys[j].pfx == keys[i].pfx {
+			j++
+		}
+		if j-i > 1 {
+			slices.SortFunc(keys[i:j], cmp)
+		}
+		i = j
+	}
 }
 
 // StateOption configures one state handle.
@@ -599,6 +709,10 @@ type readCache struct {
 	arena arena
 	bytes int64
 	limit int64
+	// gen counts resets: a slot (index in ents) names the same key for
+	// as long as gen is unchanged, so a layer entry that noted its key's
+	// slot (entry.cslot) updates it without a map lookup.
+	gen uint32
 }
 
 type cacheEntry struct {
@@ -606,44 +720,66 @@ type cacheEntry struct {
 	ok  bool
 }
 
+// get returns key's cached value.
 func (c *readCache) get(key []byte) (val []byte, ok, hit bool) {
+	val, ok, _, hit = c.getSlot(key)
+	return val, ok, hit
+}
+
+// getSlot is get that also returns 1 + key's slot.
+func (c *readCache) getSlot(key []byte) (val []byte, ok bool, slot uint32, hit bool) {
 	i, hit := c.index[unsafeString(key)]
 	if !hit {
-		return nil, false, false
+		return nil, false, 0, false
 	}
 	e := &c.ents[i]
-	return e.val, e.ok, true
+	return e.val, e.ok, i + 1, true
 }
 
 func (c *readCache) reset() {
+	n := len(c.ents)
 	c.index, c.ents, c.arena, c.bytes = nil, nil, arena{}, 0
+	c.gen++
+	if n > 0 {
+		c.index = make(map[string]uint32, n)
+		c.ents = make([]cacheEntry, 0, n)
+	}
 }
 
 // put records key's committed value (key and val are copied; ok false:
-// absent).
-func (c *readCache) put(key string, val []byte, ok bool) {
+// absent) and returns 1 + its slot (0: not cached).
+func (c *readCache) put(key string, val []byte, ok bool) uint32 {
 	if c.limit <= 0 {
-		return
+		return 0
 	}
 	if i, had := c.index[key]; had {
-		e := &c.ents[i]
-		c.bytes += int64(len(val) - len(e.val))
-		if cap(e.val) >= len(val) {
-			e.val = e.val[:len(val)]
-			copy(e.val, val)
-		} else {
-			e.val = c.arena.copy(val)
-		}
-		e.ok = ok
-		return
+		c.set(i, val, ok)
+		return i + 1
 	}
 	if c.index == nil || c.bytes > c.limit {
 		c.reset()
-		c.index = make(map[string]uint32)
+		if c.index == nil {
+			c.index = make(map[string]uint32)
+		}
 	}
-	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = uint32(len(c.ents))
+	i := uint32(len(c.ents))
+	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = i
 	c.ents = append(c.ents, cacheEntry{val: c.arena.copy(val), ok: ok})
 	c.bytes += int64(len(key)+len(val)) + 64
+	return i + 1
+}
+
+// set overwrites slot i's value.
+func (c *readCache) set(i uint32, val []byte, ok bool) {
+	e := &c.ents[i]
+	c.bytes += int64(len(val) - len(e.val))
+	if cap(e.val) >= len(val) {
+		e.val = e.val[:len(val)]
+		copy(e.val, val)
+	} else {
+		e.val = c.arena.copy(val)
+	}
+	e.ok = ok
 }
 
 // merge applies a committed layer: its puts and deletions become the
@@ -655,8 +791,14 @@ func (c *readCache) merge(l *layer) {
 	if len(l.ranges) > 0 {
 		c.reset()
 	}
-	for k, i := range l.index {
+	for i := range l.ents {
 		e := &l.ents[i]
-		c.put(k, e.val, !e.del)
+		switch {
+		case e.gone:
+		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= len(c.ents):
+			c.set(e.cslot-1, e.val, !e.del)
+		default:
+			c.put(e.key, e.val, !e.del)
+		}
 	}
 }

@@ -19,6 +19,16 @@ type layer struct {
 	// none): a handle's Get then Set of the same key costs one map lookup.
 	// Only the backend's goroutine reads or writes it.
 	memo int32
+	// miss is the key of the backend's last read that this layer did not
+	// have (valid while missOK; insert clears it), with where the read
+	// cache holds the key (missSlot/missGen, see entry.cslot): a Get then
+	// Set of a key new to the layer costs one map lookup, and Committed
+	// updates the cached value without another. Only the backend's
+	// goroutine uses it, and only on the current layer.
+	miss     []byte
+	missOK   bool
+	missSlot uint32
+	missGen  uint32
 	// ranges are range deletions as sorted, non-overlapping [from, to)
 	// layer-key intervals; they mask older layers and the store. A key put
 	// after a range deletion is in index and wins over the range.
@@ -39,12 +49,55 @@ type entry struct {
 	key string // the layer key (in the arena), for the memo check
 	val []byte
 	del bool
+	// gone: a range deletion removed the entry from index (a later put of
+	// the key adds a new entry).
+	gone bool
+	// cslot is 1 + the key's slot in the backend's read cache when the
+	// entry was added, valid while the cache's generation is cgen (0:
+	// unknown).
+	cslot, cgen uint32
 }
 
 type keyRange struct{ from, to string }
 
-func newLayer() *layer {
-	return &layer{index: make(map[string]uint32), memo: -1}
+// maxLayerHint bounds the number of entries a new layer is sized for.
+const maxLayerHint = 1 << 20
+
+// newLayer returns an empty layer sized for about hint entries (the
+// previous layer's count: a job tends to change as many keys per
+// checkpoint as it did in the last one).
+func newLayer(hint int) *layer {
+	hint = min(hint, maxLayerHint)
+	return &layer{index: make(map[string]uint32, hint), ents: make([]entry, 0, hint), tail: make([]string, 0, hint), memo: -1}
+}
+
+// reuse empties a committed layer for use as the next current layer,
+// keeping its memory (index buckets, entry slices, arena chunks). Nothing
+// may still refer to its keys or values.
+func (l *layer) reuse() {
+	clear(l.index)
+	clear(l.ents)
+	clear(l.tail)
+	l.id, l.ents, l.memo, l.ranges, l.bytes = 0, l.ents[:0], -1, nil, 0
+	l.sorted, l.tail, l.tailSorted = nil, l.tail[:0], nil
+	l.missOK = false
+	l.arena.reuse()
+}
+
+// noteMiss records that key (copied) is not in the layer and where the
+// read cache holds it (slot 0: nowhere known).
+func (l *layer) noteMiss(key []byte, slot, gen uint32) {
+	l.miss = append(l.miss[:0], key...)
+	l.missOK, l.missSlot, l.missGen = true, slot, gen
+}
+
+// takeMiss reports whether key is the noted miss (and consumes it).
+func (l *layer) takeMiss(key []byte) (slot, gen uint32, ok bool) {
+	if !l.missOK || string(key) != string(l.miss) {
+		return 0, 0, false
+	}
+	l.missOK = false
+	return l.missSlot, l.missGen, true
 }
 
 // find returns the index in ents of key, if the layer has it.
@@ -88,6 +141,10 @@ func (l *layer) covered(k string) bool {
 // put sets key to val (copied). An existing value is overwritten in place
 // when it fits.
 func (l *layer) put(key, val []byte) {
+	if slot, gen, ok := l.takeMiss(key); ok {
+		l.insert(key, entry{val: l.arena.copy(val), cslot: slot, cgen: gen})
+		return
+	}
 	if i, ok := l.find(key); ok {
 		e := &l.ents[i]
 		if !e.del && cap(e.val) >= len(val) {
@@ -127,6 +184,7 @@ func (l *layer) del(key []byte) {
 }
 
 func (l *layer) insert(key []byte, e entry) {
+	l.missOK = false
 	k := unsafeString(l.arena.copy(key))
 	l.memo = int32(len(l.ents))
 	l.index[k] = uint32(len(l.ents))
@@ -150,6 +208,7 @@ func (l *layer) deleteRange(from, to []byte) {
 			}
 			if i, ok := l.index[k]; ok {
 				l.bytes -= int64(len(l.ents[i].val))
+				l.ents[i].gone = true
 				delete(l.index, k)
 			}
 		}
@@ -201,9 +260,12 @@ func (l *layer) runs() [][]string {
 }
 
 // arena holds keys and values of one layer in large chunks, so that a put
-// costs no allocation of its own. Memory is only reclaimed with the layer.
+// costs no allocation of its own. Memory is only reclaimed with the layer
+// (or reused, see reuse).
 type arena struct {
-	chunk []byte
+	chunk  []byte
+	chunks [][]byte // every chunk, in order; chunk is chunks[next-1]
+	next   int
 }
 
 const arenaChunk = 64 << 10
@@ -217,11 +279,22 @@ func (a *arena) copy(b []byte) []byte {
 		return append(make([]byte, 0, n), b...)
 	}
 	if cap(a.chunk)-len(a.chunk) < n {
-		a.chunk = make([]byte, 0, arenaChunk)
+		if a.next < len(a.chunks) {
+			a.chunk = a.chunks[a.next][:0]
+		} else {
+			a.chunk = make([]byte, 0, arenaChunk)
+			a.chunks = append(a.chunks, a.chunk)
+		}
+		a.next++
 	}
 	s := len(a.chunk)
 	a.chunk = append(a.chunk, b...)
 	return a.chunk[s : s+n : s+n]
+}
+
+// reuse forgets the arena's contents, keeping its chunks for new ones.
+func (a *arena) reuse() {
+	a.chunk, a.next = nil, 0
 }
 
 // prefixEnd returns the smallest key above every key with prefix p (nil
