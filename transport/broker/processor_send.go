@@ -399,11 +399,12 @@ func (b *Broker) prepareOne(ctx context.Context, rc *remoting.RequestCtx, p *pen
 	}
 	rc.Defer() // before the Put: PutAsyncInline answers before it returns
 	put := b.store.PutAsync
-	if rc.Conn().Handling() <= 1 {
-		// The only request of its connection in flight: nothing to group
-		// it with, so commit it here when the store is idle, sparing the
-		// wake-up of the committer. A connection pipelining requests
-		// leaves them to the committer's group commit.
+	if c := rc.Conn(); c.Handling() <= 1 && !c.ReadAhead() {
+		// The only request of its connection in flight, and no other
+		// request read behind it: nothing to group it with, so commit it
+		// here when the store is idle, sparing the wake-up of the
+		// committer. A connection pipelining requests leaves them to the
+		// committer's group commit (and its responses to one write).
 		put = b.store.PutAsyncInline
 	}
 	if err := put(ctx, p.msgs[:], p.res[:], p.done); err != nil {

@@ -195,6 +195,9 @@ type Conn struct {
 	queued   atomic.Int64 // frames enqueued but not yet flushed
 	queuedB  atomic.Int64 // bytes of frames enqueued but not yet written
 	handling atomic.Int64 // server side: requests being processed or deferred
+	// readAhead is set by the reader when bytes past the frame it just read
+	// are buffered (the peer sent more already); see ReadAhead.
+	readAhead atomic.Bool
 
 	inflight, dropped, rejected         atomic.Int64
 	framesIn, framesOut, bytesIn, bytes atomic.Int64
@@ -341,6 +344,13 @@ func (c *Conn) Stats() Stats {
 // included): above 1, the peer pipelines requests. Always 0 on a client
 // Conn.
 func (c *Conn) Handling() int64 { return c.handling.Load() }
+
+// ReadAhead reports whether, when the reader read the frame it handles or
+// handed off last, bytes past that frame were already buffered: the peer
+// had sent more (it pipelines requests). Meant for a processor running on
+// the reader goroutine (Server.HandleInline), for which that frame is its
+// own request.
+func (c *Conn) ReadAhead() bool { return c.readAhead.Load() }
 
 // Close closes the connection: the socket is closed, every pending call
 // fails with an error wrapping ErrConnClosed, and Close waits for the
@@ -1138,6 +1148,9 @@ func (c *Conn) readLoop() error {
 			return c.readError(err)
 		}
 		c.framesIn.Add(1)
+		if more := br.Buffered() > 0; more != c.readAhead.Load() {
+			c.readAhead.Store(more)
+		}
 		for _, h := range c.hooks.read {
 			h.OnFrameRead(c, cmd)
 		}

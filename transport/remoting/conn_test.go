@@ -852,3 +852,58 @@ func TestHooks(t *testing.T) {
 		t.Fatalf("hooks read %d written %d closed %d bytes %d (stats %+v)", h.read.Load(), h.written.Load(), h.closed.Load(), h.bytes.Load(), st)
 	}
 }
+
+// TestReadAheadAndHandling checks what an inline processor learns of its
+// connection: ReadAhead is true for a request read with more bytes
+// already behind it (three frames in one write: the first two) and false
+// for the last; Handling counts the request being served.
+func TestReadAheadAndHandling(t *testing.T) {
+	s, addr := newTestServer(t)
+	type seen struct {
+		ahead    bool
+		handling int64
+	}
+	got := make(chan seen, 8)
+	s.HandleInline(306, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+		got <- seen{rc.Conn().ReadAhead(), rc.Conn().Handling()}
+		return protocol.NewResponse(rc.Request(), 0, ""), nil
+	}))
+	nc := rawDial(t, addr)
+	var all []byte
+	for i := range 3 {
+		req := protocol.NewRequest(306)
+		req.Opaque = int32(i + 1)
+		var err error
+		if all, err = req.AppendFrame(all, protocol.SerializeJSON); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := nc.Write(all); err != nil {
+		t.Fatal(err)
+	}
+	want := []bool{true, true, false}
+	for i, w := range want {
+		select {
+		case g := <-got:
+			if g.ahead != w {
+				t.Errorf("request %d: ReadAhead %v, want %v", i+1, g.ahead, w)
+			}
+			if g.handling != 1 {
+				t.Errorf("request %d: Handling %d, want 1 (served inline, one at a time)", i+1, g.handling)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("request %d not served", i+1)
+		}
+	}
+	// A lone request: nothing read ahead.
+	c := dialT(t, addr)
+	if _, err := c.Invoke(ctxT(t, 5*time.Second), protocol.NewRequest(306)); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g.ahead || g.handling != 1 {
+		t.Errorf("lone request: ReadAhead %v, Handling %d; want false, 1", g.ahead, g.handling)
+	}
+	if n := c.Handling(); n != 0 {
+		t.Errorf("client Conn Handling %d, want 0", n)
+	}
+}
