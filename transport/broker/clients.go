@@ -86,7 +86,18 @@ type clientRegistry struct {
 		// prodByClient indexes producer channels by clientID (reply push),
 		// with the number of groups each connection is registered for.
 		prodByClient map[string]map[*remoting.ServerConn]int
+		// byConn indexes the groups each connection is registered in, so
+		// that a connection's close costs its own registrations, not a
+		// scan of every group's channels (a thousand connections closed
+		// at once, by their idle timeout, made that quadratic).
+		byConn map[*remoting.ServerConn]map[connReg]struct{}
 	}
+}
+
+// connReg is one group a connection is registered in.
+type connReg struct {
+	group    string
+	consumer bool
 }
 
 func newClientRegistry(b *Broker, cfg *subsystemConfig) *clientRegistry {
@@ -101,6 +112,7 @@ func newClientRegistry(b *Broker, cfg *subsystemConfig) *clientRegistry {
 	r.mu.consumers = make(map[string]*consumerGroupInfo)
 	r.mu.producers = make(map[string]*producerGroupInfo)
 	r.mu.prodByClient = make(map[string]map[*remoting.ServerConn]int)
+	r.mu.byConn = make(map[*remoting.ServerConn]map[connReg]struct{})
 	return r
 }
 
@@ -215,6 +227,7 @@ func (r *clientRegistry) registerConsumer(conn *remoting.ServerConn, clientID st
 		changed = true
 		ch = &clientChannel{conn: conn, clientID: clientID}
 		g.channels[conn] = ch
+		r.indexConnLocked(conn, connReg{cd.GroupName, true})
 	}
 	ch.language, ch.version, ch.lastSeen = lang, version, now
 
@@ -269,6 +282,7 @@ func (r *clientRegistry) registerProducer(conn *remoting.ServerConn, clientID st
 	if ch == nil {
 		ch = &clientChannel{conn: conn, clientID: clientID}
 		g.channels[conn] = ch
+		r.indexConnLocked(conn, connReg{group, false})
 		m := r.mu.prodByClient[clientID]
 		if m == nil {
 			m = make(map[*remoting.ServerConn]int)
@@ -292,6 +306,25 @@ func (r *clientRegistry) unindexProducerLocked(ch *clientChannel) {
 	}
 }
 
+// indexConnLocked records that conn is registered in reg.
+func (r *clientRegistry) indexConnLocked(conn *remoting.ServerConn, reg connReg) {
+	m := r.mu.byConn[conn]
+	if m == nil {
+		m = make(map[connReg]struct{}, 1)
+		r.mu.byConn[conn] = m
+	}
+	m[reg] = struct{}{}
+}
+
+// unindexConnLocked forgets that conn is registered in reg.
+func (r *clientRegistry) unindexConnLocked(conn *remoting.ServerConn, reg connReg) {
+	m := r.mu.byConn[conn]
+	delete(m, reg)
+	if len(m) == 0 {
+		delete(r.mu.byConn, conn)
+	}
+}
+
 func channelConns(m map[*remoting.ServerConn]*clientChannel) []*remoting.ServerConn {
 	out := make([]*remoting.ServerConn, 0, len(m))
 	for c := range m {
@@ -306,17 +339,14 @@ func channelConns(m map[*remoting.ServerConn]*clientChannel) []*remoting.ServerC
 // deletes groups left empty, and queues notifications to the remaining
 // channels of each clustering consumer group that lost a channel.
 func (r *clientRegistry) removeMatching(match func(group string, consumer bool, ch *clientChannel) bool) {
-	type pending struct {
-		group   string
-		targets []*remoting.ServerConn
-	}
-	var notes []pending
+	var notes []pendingNote
 	r.mu.Lock()
 	for name, g := range r.mu.consumers {
 		removed := false
 		for c, ch := range g.channels {
 			if match(name, true, ch) {
 				delete(g.channels, c)
+				r.unindexConnLocked(c, connReg{name, true})
 				removed = true
 			}
 		}
@@ -328,13 +358,14 @@ func (r *clientRegistry) removeMatching(match func(group string, consumer bool, 
 			continue
 		}
 		if g.messageModel != protocol.MessageModelBroadcasting {
-			notes = append(notes, pending{name, channelConns(g.channels)})
+			notes = append(notes, pendingNote{name, channelConns(g.channels)})
 		}
 	}
 	for name, g := range r.mu.producers {
 		for c, ch := range g.channels {
 			if match(name, false, ch) {
 				delete(g.channels, c)
+				r.unindexConnLocked(c, connReg{name, false})
 				r.unindexProducerLocked(ch)
 			}
 		}
@@ -343,6 +374,19 @@ func (r *clientRegistry) removeMatching(match func(group string, consumer bool, 
 		}
 	}
 	r.mu.Unlock()
+	r.notifyRemoved(notes)
+}
+
+// pendingNote is a consumer group that lost a channel, with its remaining
+// channels to notify.
+type pendingNote struct {
+	group   string
+	targets []*remoting.ServerConn
+}
+
+// notifyRemoved queues the notifications of removeMatching and removeConn
+// (outside the registry's lock).
+func (r *clientRegistry) notifyRemoved(notes []pendingNote) {
 	for _, n := range notes {
 		if gc, ok := r.b.groupConfig(n.group, false); ok && !gc.NotifyConsumerIdsChangedEnable {
 			continue
@@ -352,9 +396,41 @@ func (r *clientRegistry) removeMatching(match func(group string, consumer bool, 
 }
 
 // removeConn drops every registration of a closed connection (the
-// broker's OnDisconnect).
+// broker's OnDisconnect): those byConn lists, with removeMatching's
+// effects (empty groups deleted, consumer groups notified).
 func (r *clientRegistry) removeConn(conn *remoting.ServerConn) {
-	r.removeMatching(func(_ string, _ bool, ch *clientChannel) bool { return ch.conn == conn })
+	var notes []pendingNote
+	r.mu.Lock()
+	regs := r.mu.byConn[conn]
+	delete(r.mu.byConn, conn)
+	for reg := range regs {
+		if reg.consumer {
+			g := r.mu.consumers[reg.group]
+			if g == nil || g.channels[conn] == nil {
+				continue
+			}
+			delete(g.channels, conn)
+			if len(g.channels) == 0 {
+				delete(r.mu.consumers, reg.group)
+			} else if g.messageModel != protocol.MessageModelBroadcasting {
+				notes = append(notes, pendingNote{reg.group, channelConns(g.channels)})
+			}
+			continue
+		}
+		g := r.mu.producers[reg.group]
+		if g == nil {
+			continue
+		}
+		if ch := g.channels[conn]; ch != nil {
+			delete(g.channels, conn)
+			r.unindexProducerLocked(ch)
+		}
+		if len(g.channels) == 0 {
+			delete(r.mu.producers, reg.group)
+		}
+	}
+	r.mu.Unlock()
+	r.notifyRemoved(notes)
 }
 
 func (r *clientRegistry) processUnregister(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
