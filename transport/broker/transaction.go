@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -42,6 +43,18 @@ import (
 // twice and never lost once acknowledged. Every end of one half message is
 // serialised by a per-half lock and looks the op record up first, so a
 // repeated END_TRANSACTION is answered success without storing again.
+//
+// A commit served inline (the common case, see Fast paths) writes no op
+// record: its final message, in the real topic, is also indexed under
+// commitKey(h), a key no KEYS value can be (it holds a space), so the final
+// message is its own op record, written in the same store round by
+// construction (one record and three index entries fewer per commit). The
+// outcome lookup tries the op record, then that key (a record found there
+// counts only if it is a committed message whose preparedTransactionOffset
+// is the half message's physical offset). Both forms are read, so stores
+// written before the compact form, and commits that took the store path,
+// are read alike. A final message already carrying the maximum number of
+// index keys gets an op record as before.
 //
 // # Check-back
 //
@@ -288,7 +301,7 @@ func toHalf(m *InboundMessage, uniq string) error {
 	if len(b) > protocol.MaxPropertiesLength {
 		return illegal("message properties longer than 32767 after the half message's additions")
 	}
-	m.Properties = string(b)
+	m.Properties = unsafe.String(unsafe.SliceData(b), len(b)) // b is never written again
 	m.SysFlag = protocol.SetTransactionType(m.SysFlag, protocol.SysFlagTransactionNotType)
 	m.Topic, m.QueueID = topicTransHalf, 0
 	return nil
@@ -375,8 +388,14 @@ func (t *transactions) knownState(off int64) (txState, bool) {
 	return txPending, false
 }
 
-// state returns the outcome of the half message at queue offset off.
-func (t *transactions) state(off int64) (txState, error) {
+// commitKey is the index key of the final message of a commit that wrote
+// no op record (see the file comment): the space keeps it apart from every
+// KEYS value.
+func commitKey(off int64) string { return "RMQ_TX_COMMIT " + strconv.FormatInt(off, 10) }
+
+// state returns the outcome of the half message half.
+func (t *transactions) state(half *protocol.MessageExt) (txState, error) {
+	off := half.QueueOffset
 	if st, ok := t.knownState(off); ok {
 		return st, nil
 	}
@@ -393,6 +412,21 @@ func (t *transactions) state(off int64) (txState, error) {
 		v, _ := m.Property(propTxState)
 		if st := parseTxState(v); st != txPending {
 			return st, nil
+		}
+	}
+	topic, _, err := realTarget(half)
+	if err != nil {
+		return txPending, nil // never committed: a commit needs the real topic
+	}
+	recs, err = t.b.store.QueryByKey(topic, commitKey(off), store.MaxQueryNum, 0, math.MaxInt64)
+	if err != nil {
+		return txPending, fmt.Errorf("broker: committed message of half message %d in %s: %w", off, topic, err)
+	}
+	for _, rec := range recs {
+		m, _, err := protocol.DecodeRecord(rec)
+		if err == nil && m.PreparedTransactionOffset == half.CommitLogOffset &&
+			protocol.TransactionType(m.SysFlag) == protocol.SysFlagTransactionCommit {
+			return txCommitted, nil
 		}
 	}
 	return txPending, nil
@@ -490,7 +524,7 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	if err := checkHalf(&half, h); err != nil {
 		return err
 	}
-	st, err := t.state(half.QueueOffset)
+	st, err := t.state(&half)
 	if err != nil {
 		return err
 	}
@@ -544,11 +578,12 @@ var errEndMayBlock = errors.New("broker: final message may block")
 
 // endRecords returns what ending half with want stores in one atomic Put:
 // its op record, after the final message for a commit. With inline it
-// fails with errEndMayBlock when the final message's rewrite may block.
+// fails with errEndMayBlock when the final message's rewrite may block,
+// and a commit returns the final message alone (pendingEnd.put indexes it
+// under commitKey instead of storing an op record).
 func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt, want txState, rc *remoting.RequestCtx, inline bool) ([]*InboundMessage, error) {
-	op := t.opRecord(half.QueueOffset, want)
 	if want == txRolledBack {
-		return []*InboundMessage{op}, nil
+		return []*InboundMessage{t.opRecord(half.QueueOffset, want)}, nil
 	}
 	final, err := finalMessage(half, half.CommitLogOffset)
 	if err != nil {
@@ -566,7 +601,10 @@ func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt
 			return nil, err
 		}
 	}
-	return []*InboundMessage{final, op}, nil
+	if inline {
+		return []*InboundMessage{final}, nil
+	}
+	return []*InboundMessage{final, t.opRecord(half.QueueOffset, want)}, nil
 }
 
 // ended records that half ended with want (its records are stored).
@@ -652,7 +690,7 @@ func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h
 	}
 	pe := &pendingEnd{t: t, rc: rc, half: half, want: want}
 	rc.Defer()
-	if err := pe.put(ctx, msgs); err != nil {
+	if err := pe.put(ctx, msgs, want == txCommitted); err != nil {
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
 		return nil, true
 	}
@@ -671,13 +709,24 @@ type pendingEnd struct {
 	buf  *[]byte
 	puts [2]store.PutMessage
 	res  [2]store.PutResult
-	keys [4]string
+	keys [2][4]string
 }
 
 // put encodes msgs and hands them to the store's committer as one atomic
-// round. On error nothing was queued (done will not run).
-func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage) error {
+// round. With commit, msgs is the final message alone: it is indexed under
+// commitKey as well, or, when it has no room for another index key, an op
+// record is stored with it. On error nothing was queued (done will not
+// run).
+func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bool) error {
 	b := pe.t.b
+	var ck string
+	if commit {
+		if n := len(appendIndexKeys(pe.keys[0][:0], msgs[0].Properties)); n < store.MaxKeysPerMessage {
+			ck = commitKey(pe.half.QueueOffset)
+		} else {
+			msgs = append(msgs[:1:1], pe.t.opRecord(pe.half.QueueOffset, txCommitted))
+		}
+	}
 	pe.buf = b.getBuf()
 	buf := (*pe.buf)[:0]
 	var ends, ts [2]int
@@ -691,17 +740,21 @@ func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage) error {
 		ends[i] = len(buf)
 	}
 	*pe.buf = buf
-	start, keys := 0, pe.keys[:0]
+	start := 0
 	for i, m := range msgs {
-		k0 := len(keys)
-		keys = appendIndexKeys(keys, m.Properties)
+		// Each message's keys on their own: the per-message cap must not
+		// count the keys of the message before.
+		keys := appendIndexKeys(pe.keys[i][:0], m.Properties)
+		if i == 0 && ck != "" {
+			keys = append(keys, ck)
+		}
 		pe.puts[i] = store.PutMessage{
 			Topic:             m.Topic,
 			QueueID:           m.QueueID,
 			Record:            buf[start:ends[i]:ends[i]],
 			StoreTimestampPos: ts[i],
 			TagsCode:          tagsCode(m.Properties),
-			Keys:              keys[k0:len(keys):len(keys)],
+			Keys:              keys,
 		}
 		start = ends[i]
 	}
@@ -770,7 +823,13 @@ func (t *transactions) endHandedOff(ctx context.Context, rc *remoting.RequestCtx
 func realTarget(m *protocol.MessageExt) (string, int32, error) {
 	topic, ok := m.Property(protocol.PropRealTopic)
 	qs, ok2 := m.Property(protocol.PropRealQueueID)
-	if !ok || !ok2 {
+	return parseRealTarget(topic, qs, ok && ok2)
+}
+
+// parseRealTarget checks a half message's REAL_TOPIC and REAL_QID (ok:
+// both present).
+func parseRealTarget(topic, qs string, ok bool) (string, int32, error) {
+	if !ok {
 		return "", 0, errors.New("half message without REAL_TOPIC/REAL_QID")
 	}
 	qid, err := strconv.ParseInt(qs, 10, 32)
@@ -786,29 +845,52 @@ func realTarget(m *protocol.MessageExt) (string, int32, error) {
 // finalMessage builds the committed message of a half message: real topic
 // and queue, commit transaction bits, preparedTransactionOffset = the half
 // message's physical offset, TRAN_MSG and REAL_* removed.
+//
+// One pass over the half message's properties finds REAL_*, PGROUP and
+// DELAY and copies the rest (the last of duplicates wins, as in
+// PropertyValue).
 func finalMessage(half *protocol.MessageExt, phys int64) (*InboundMessage, error) {
-	topic, qid, err := realTarget(half)
+	var rTopic, rQID, group, delay string
+	var hasTopic, hasQID bool
+	props := make([]byte, 0, len(half.Properties))
+	protocol.RangeProperties(half.Properties, func(n, v string) bool {
+		switch n {
+		case protocol.PropRealTopic:
+			rTopic, hasTopic = v, true
+			return true
+		case protocol.PropRealQueueID:
+			rQID, hasQID = v, true
+			return true
+		case protocol.PropTransactionPrepared, protocol.PropTransactionCheckTimes:
+			return true
+		case protocol.PropProducerGroup:
+			group = v
+		case protocol.PropDelayLevel:
+			delay = v
+		}
+		props = protocol.AppendProperty(props, n, v)
+		return true
+	})
+	topic, qid, err := parseRealTarget(rTopic, rQID, hasTopic && hasQID)
 	if err != nil {
 		return nil, err
 	}
-	props := protocol.AppendPropertiesExcept(make([]byte, 0, len(half.Properties)), half.Properties,
-		protocol.PropTransactionPrepared, protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionCheckTimes)
 	m := &InboundMessage{
 		Topic:                     topic,
 		QueueID:                   qid,
 		Flag:                      half.Flag,
 		Body:                      half.Body,
-		Properties:                string(props),
+		Properties:                unsafe.String(unsafe.SliceData(props), len(props)), // props is never written again
 		SysFlag:                   protocol.SetTransactionType(half.SysFlag, protocol.SysFlagTransactionCommit),
 		BornTimestamp:             half.BornTimestamp,
 		BornHost:                  half.BornHost,
 		ReconsumeTimes:            half.ReconsumeTimes,
 		MaxReconsumeTimes:         -1,
 		PreparedTransactionOffset: phys,
+		ProducerGroup:             group,
 	}
-	m.ProducerGroup, _ = m.Property(protocol.PropProducerGroup)
-	if d, ok := m.Property(protocol.PropDelayLevel); ok {
-		if v, err := strconv.ParseInt(d, 10, 32); err == nil {
+	if delay != "" {
+		if v, err := strconv.ParseInt(delay, 10, 32); err == nil {
 			m.DelayLevel = int32(v)
 		}
 	}
@@ -968,7 +1050,7 @@ func (t *transactions) prune(progress int64) {
 // an outcome (possibly given now, by a discard); stop that it is too young
 // to be checked and so is every later one.
 func (t *transactions) checkOne(ctx context.Context, m *protocol.MessageExt, nowMs int64) (ended, stop bool, err error) {
-	st, err := t.state(m.QueueOffset)
+	st, err := t.state(m)
 	if err != nil || st != txPending {
 		return err == nil, false, err
 	}
@@ -1092,7 +1174,7 @@ func (t *transactions) discard(ctx context.Context, m *protocol.MessageExt, coun
 		return err
 	}
 	defer unlock()
-	st, err := t.state(m.QueueOffset)
+	st, err := t.state(m)
 	if err != nil || st != txPending {
 		return err
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -144,12 +146,61 @@ func TestBrokerTransactionCommit(t *testing.T) {
 	if st := b.TransactionStats(); st.Prepared != 1 || st.Committed != 1 || st.RolledBack != 0 {
 		t.Errorf("stats %+v", st)
 	}
-	// The op record is in the op topic, tagged d.
+	// The inline commit wrote no op record: the final message is indexed
+	// under the commit key, and the outcome lookup through the store (the
+	// path after a restart) finds it there.
+	if ops := subMessages(t, b, topicTransOpHalf, 0); len(ops) != 0 {
+		t.Fatalf("op records %q after an inline commit", bodies(ops))
+	}
+	recs, err := b.store.QueryByKey("TxTopic", commitKey(h.queueOffset), 4, 0, math.MaxInt64)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("final messages under the commit key: %d (%v)", len(recs), err)
+	}
+	b.tx.mu.Lock()
+	delete(b.tx.mu.ended, h.queueOffset)
+	b.tx.mu.pendingFrom = math.MaxInt64 // outcome unknown in memory
+	b.tx.mu.Unlock()
+	if st, err := b.tx.state(hm); err != nil || st != txCommitted {
+		t.Fatalf("state through the store: %v (%v), want commit", st, err)
+	}
+}
+
+// TestBrokerTransactionCommitKeysFull: a final message that already has
+// the maximum number of index keys gets an op record instead of the commit
+// key, indexed (the final message's keys do not count against the op
+// record's), and its outcome is found after a restart.
+func TestBrokerTransactionCommitKeysFull(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	dir := t.TempDir()
+	b := txBroker(t, dir, clk)
+	c := subDial(t, b, "producer-1")
+	keys := make([]string, store.MaxKeysPerMessage)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	h := txSend(t, c, "txpg", "TxTopic", 0, "many keys", protocol.PropKeys, strings.Join(keys, " "))
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if n := b.tx.inlineEnds.Load(); n != 1 {
+		t.Errorf("%d inline ends, want 1", n)
+	}
 	ops := subMessages(t, b, topicTransOpHalf, 0)
 	if len(ops) != 1 || string(ops[0].Body) != "0," {
 		t.Fatalf("op records %q", bodies(ops))
 	}
 	wantProps(t, &ops[0], protocol.PropTags, "d", propTxState, "commit")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = txBroker(t, dir, clk)
+	c = subDial(t, b, "producer-2")
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
+		t.Fatalf("TxTopic/0 holds %q", bodies(got))
+	}
 }
 
 func TestBrokerTransactionRollback(t *testing.T) {
