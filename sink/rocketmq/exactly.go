@@ -1,6 +1,7 @@
 package rocketmq
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -90,7 +91,8 @@ import (
 // broker's discard window (WithDiscardWindow: transaction timeout + check
 // max × check interval) is rolled back and sent again before it is
 // pre-committed, so the broker never discards half messages a checkpoint
-// will list (if that rollback fails, the job fails with ErrEpochTooOld). If
+// will list (if that rollback fails, or the epoch is too old again after
+// being sent again twice, the job fails with ErrEpochTooOld). If
 // a commit nevertheless finds half messages discarded (the process was
 // paused past the window between pre-commit and commit), the sink sends
 // those records again from memory as new half messages and commits each at
@@ -339,11 +341,13 @@ const chunkSize = 1024
 type epochTxn struct {
 	epoch  uint64
 	tag    string    // epoch in decimal (PropEpoch)
-	first  time.Time // first Write
+	first  time.Time // first Write (or the start of its latest re-send)
+	resent int       // times refresh sent the epoch again
 	n      int
 	chunks []*[chunkSize]slot
-	desc   []byte // set by PreCommit
-	cp     uint64 // checkpoint id, set by PreCommit
+	desc   []byte   // set by PreCommit
+	txn    *txnDesc // desc decoded, set by PreCommit
+	cp     uint64   // checkpoint id, set by PreCommit
 
 	mu struct {
 		sync.Mutex
@@ -617,16 +621,29 @@ func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
 	s.queue <- sendReq{ep: ep, sl: sl} // never blocks: the sem token reserved room
 }
 
+// maxResends bounds how many times refresh sends one epoch again: an epoch
+// that is too old once more after that is not saved by sending it again
+// (the sends, or the checkpoints, are slower than the discard window
+// allows), and re-sending would go on, each time longer, until something
+// else failed.
+const maxResends = 2
+
 // refresh replaces the half messages of the open epoch when it has been
 // open for three quarters of the discard window (the process was paused,
 // or a checkpoint took that long): it rolls them all back (a half message
 // the broker discarded counts as rolled back) and sends the epoch's records
 // again as new half messages, so that none of them can be lost to the
-// broker's discard. If the rollback fails the sink fails (ErrEpochTooOld).
+// broker's discard. The sink fails (ErrEpochTooOld) if the rollback fails
+// or the epoch was already sent again maxResends times.
 func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 	age, old := s.tooOld(ep.first)
 	if !old {
 		return nil
+	}
+	if ep.resent >= maxResends {
+		return s.fail(fmt.Errorf("%w: epoch %d (%d records) open for %v (discard window %v) although it was sent again %d times: "+
+			"half sends or checkpoints are too slow for the window; checkpoint more often or lengthen the broker's transaction timeout",
+			ErrEpochTooOld, ep.epoch, ep.n, age.Round(time.Millisecond), s.cfg.discardWindow, ep.resent))
 	}
 	if err := s.drain(ctx); err != nil {
 		return err
@@ -645,6 +662,7 @@ func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 			ErrEpochTooOld, ep.epoch, age.Round(time.Millisecond), s.cfg.discardWindow, err))
 	}
 	ep.first = time.Now()
+	ep.resent++
 	for i := range ep.n {
 		select {
 		case s.sem <- struct{}{}:
@@ -739,7 +757,7 @@ func (s *ExactlyOnce[T]) PreCommit(ctx context.Context, id uint64) ([]byte, erro
 		d.handles[i] = txnHandle{h: sl.h, lane: sl.lane}
 	}
 	ep.desc = appendTxn(make([]byte, 0, 64+48*ep.n), d)
-	ep.cp = id
+	ep.txn, ep.cp = d, id
 	s.mu.Lock()
 	for i := range d.handles {
 		s.mu.known[d.handles[i].h.MsgID] = knownSealed
@@ -780,9 +798,29 @@ func (s *ExactlyOnce[T]) StartCommit(ctx context.Context, txn []byte) error {
 	if s.closed {
 		return ErrClosed
 	}
-	d, err := decodeTxn(txn)
-	if err != nil {
-		return err
+	// The transaction of an epoch this run pre-committed is known decoded
+	// (the description is compared, not decoded again).
+	var ep *epochTxn
+	var d *txnDesc
+	for _, e := range s.sealed {
+		if bytes.Equal(e.desc, txn) {
+			ep, d = e, e.txn
+			break
+		}
+	}
+	if d == nil {
+		var err error
+		if d, err = decodeTxn(txn); err != nil {
+			return err
+		}
+		if d.run == s.run {
+			for _, e := range s.sealed {
+				if e.epoch == d.epoch {
+					ep = e
+					break
+				}
+			}
+		}
 	}
 	// The wait is bounded by the retries of the commit in flight; it
 	// ignores cancellation so that a job stopping during its restore does
@@ -796,15 +834,6 @@ func (s *ExactlyOnce[T]) StartCommit(ctx context.Context, txn []byte) error {
 	}
 	if err := s.err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrCommitOrder, err)
-	}
-	var ep *epochTxn
-	if d.run == s.run {
-		for _, e := range s.sealed {
-			if e.epoch == d.epoch {
-				ep = e
-				break
-			}
-		}
 	}
 	s.mu.Lock()
 	for i := range d.handles {

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 )
 
 // BenchmarkExactlyOnce measures the sink alone on an embedded broker: per
@@ -12,7 +14,8 @@ import (
 // pre-committed and its commit started (StartCommit), overlapping the next
 // epoch's writes and waited for at the next barrier (WaitCommits), as the
 // runtime does. %precommit is the share of the time spent at barriers
-// (waiting for the previous commit, draining sends).
+// (waiting for the previous commit, draining sends); cpu-ns/record is the
+// process's CPU time (broker included) per record.
 func BenchmarkExactlyOnce(b *testing.B) {
 	cl := newCluster(b)
 	cl.createTopic("eo_bench", 4)
@@ -30,7 +33,7 @@ func BenchmarkExactlyOnce(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cputime.Process()
 	var pre time.Duration
 	cp := uint64(0)
 	for i := range b.N {
@@ -59,8 +62,9 @@ func BenchmarkExactlyOnce(b *testing.B) {
 	}
 	last := time.Since(t0)
 	b.StopTimer()
-	el := time.Since(start)
+	el, cpu := time.Since(start), cputime.Process()-cpu0
 	b.ReportMetric(float64(b.N)/el.Seconds(), "records/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/record")
 	b.ReportMetric(pre.Seconds()/el.Seconds()*100, "%precommit")
 	b.ReportMetric(last.Seconds(), "lastcommit-s")
 	if err := s.Close(); err != nil {

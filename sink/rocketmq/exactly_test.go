@@ -301,6 +301,46 @@ func TestExactlyOnceDiscardWindow(t *testing.T) {
 	}
 }
 
+// TestExactlyOnceResendBounded: an open epoch that is too old again after
+// being sent again maxResends times fails the sink with ErrEpochTooOld
+// instead of being sent again and again; nothing of it becomes visible.
+func TestExactlyOnceResendBounded(t *testing.T) {
+	ctx := context.Background()
+	cl := newCluster(t)
+	cl.createTopic("eo_resend", 2)
+	window := 40 * time.Millisecond
+	s := newEO(t, cl, TxGroup("job", "resend"), "eo_resend", WithDiscardWindow(window))
+	if err := s.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, keyed{Key: "k", Seq: 0}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= maxResends; i++ {
+		time.Sleep(window) // let the epoch age (the condition under test is elapsed time)
+		if err := s.Write(ctx, keyed{Key: "k", Seq: i}); err != nil {
+			t.Fatalf("write %d (re-send %d of the epoch): %v", i, i, err)
+		}
+		if s.open.resent != i {
+			t.Fatalf("epoch sent again %d times, want %d", s.open.resent, i)
+		}
+	}
+	time.Sleep(window)
+	err := s.Write(ctx, keyed{Key: "k", Seq: maxResends + 1})
+	if !errors.Is(err, ErrEpochTooOld) || !strings.Contains(err.Error(), "sent again "+strconv.Itoa(maxResends)+" times") {
+		t.Fatalf("write to an epoch too old after %d re-sends: %v", maxResends, err)
+	}
+	if _, err := s.PreCommit(ctx, 1); !errors.Is(err, ErrEpochTooOld) {
+		t.Fatalf("pre-commit after the failure: %v", err)
+	}
+	if got := cl.readTopic("eo_resend"); len(got) != 0 {
+		t.Fatalf("%d records of the failed epoch visible", len(got))
+	}
+	if err := s.Close(); !errors.Is(err, ErrEpochTooOld) {
+		t.Fatalf("close: %v", err)
+	}
+}
+
 func TestExactlyOnceOptionsValidated(t *testing.T) {
 	cl := newCluster(t)
 	m := keyedMapper("t")
