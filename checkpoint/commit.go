@@ -28,6 +28,10 @@ type PartSizer interface {
 	SizeHint() int
 }
 
+// maxRetainedBatch bounds the buffer of the batch that Commit keeps for the
+// next commit.
+const maxRetainedBatch = 64 << 20
+
 // Writer adds state changes to the checkpoint batch being built. It is valid
 // only during Part.WriteTo and is not safe for concurrent use. Its methods
 // copy their arguments.
@@ -161,8 +165,14 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 			size += ps.SizeHint()
 		}
 	}
-	b := s.db.NewBatchWithSize(size)
-	defer b.Close()
+	// One batch is reused across commits (they are serialised): a
+	// checkpoint of many changes does not allocate its buffer again.
+	b := s.batch
+	if b == nil {
+		b = s.db.NewBatchWithSize(size, pebble.WithMaxRetainedSizeBytes(maxRetainedBatch))
+		s.batch = b
+	}
+	defer b.Reset()
 	m = Metadata{
 		ID:            c.ID,
 		Time:          start.UTC(),

@@ -114,6 +114,9 @@ type Store struct {
 	// writing is set while Commit builds its batch: Writers check it under
 	// invariants (state reaches Pebble only through a checkpoint).
 	writing bool
+	// batch is Commit's batch, reset and reused by the next (guarded by
+	// commitMu); nil before the first Commit.
+	batch *pebble.Batch
 }
 
 // Open opens (creating if needed) the store in dir. It reads only the format
@@ -325,6 +328,10 @@ func (s *Store) Close() error {
 	s.mu.closed = true
 	failed := s.mu.failed
 	s.mu.Unlock()
+	if s.batch != nil {
+		_ = s.batch.Close() // an empty, reset batch: nothing to report
+		s.batch = nil
+	}
 	if failed != nil {
 		// Pebble's state after a fatal error is undefined: release what can
 		// be released and report the failure.

@@ -567,8 +567,9 @@ type sortKey struct {
 	i   uint32
 }
 
-// sortedEntries returns l's entries (those in its index) in key order. It
-// only reads l, so it may run while l's owner reads it too.
+// sortedEntries returns l's entries (those in its index) in key order,
+// valid until the next call. It only reads l (but for its sort buffers), so
+// it may run while l's owner reads it too.
 func sortedEntries(l *layer) []sortKey {
 	// lcp: the length of the part after the key group that all keys share.
 	first, lcp := "", -1
@@ -588,7 +589,9 @@ func sortedEntries(l *layer) []sortKey {
 		}
 		lcp = j
 	}
-	out := make([]sortKey, 0, len(l.index))
+	// The sort's buffers stay with the layer (and with the layers that
+	// reuse it): only Commits, which are serialised, touch them.
+	out := slices.Grow(l.sortBuf[:0], len(l.index))
 	for i := range l.ents {
 		e := &l.ents[i]
 		if e.gone {
@@ -600,7 +603,9 @@ func sortedEntries(l *layer) []sortKey {
 		copy(p[2:], k[2+lcp:])
 		out = append(out, sortKey{pfx: binary.BigEndian.Uint64(p[:]), key: k, i: uint32(i)})
 	}
-	radixSortKeys(out)
+	l.sortTmp = slices.Grow(l.sortTmp[:0], len(out))[:len(out)]
+	radixSortKeys(out, l.sortTmp)
+	l.sortBuf = out
 	return out
 }
 
@@ -608,7 +613,7 @@ func sortedEntries(l *layer) []sortKey {
 // sort on the bytes of pfx in which the keys differ (most layers' keys
 // differ in a few bytes only), then a comparison sort of each run of equal
 // pfx. Small inputs use a comparison sort.
-func radixSortKeys(keys []sortKey) {
+func radixSortKeys(keys, tmp []sortKey) {
 	cmp := func(a, b sortKey) int {
 		if a.pfx != b.pfx {
 			if a.pfx < b.pfx {
@@ -628,7 +633,7 @@ func radixSortKeys(keys []sortKey) {
 		or |= keys[i].pfx
 	}
 	diff := and ^ or
-	src, dst := keys, make([]sortKey, len(keys))
+	src, dst := keys, tmp[:len(keys)]
 	var count [256]int
 	for shift := uint(0); shift < 64; shift += 8 {
 		if (diff>>shift)&0xff == 0 {

@@ -43,6 +43,11 @@ type layer struct {
 	sorted     []string
 	tail       []string
 	tailSorted []string
+
+	// sortBuf and sortTmp are the checkpoint's sort buffers (see
+	// sortedEntries): only the committing goroutine uses them, and reuse
+	// keeps them.
+	sortBuf, sortTmp []sortKey
 }
 
 type entry struct {
@@ -81,6 +86,8 @@ func (l *layer) reuse() {
 	l.id, l.ents, l.memo, l.ranges, l.bytes = 0, l.ents[:0], -1, nil, 0
 	l.sorted, l.tail, l.tailSorted = nil, l.tail[:0], nil
 	l.missOK = false
+	clear(l.sortBuf)
+	clear(l.sortTmp)
 	l.arena.reuse()
 }
 

@@ -32,7 +32,7 @@ func TestRadixSortKeys(t *testing.T) {
 				}
 				return strings.Compare(a.key, b.key)
 			})
-			radixSortKeys(keys)
+			radixSortKeys(keys, make([]sortKey, len(keys)))
 			for i := range keys {
 				if keys[i].pfx != want[i].pfx || keys[i].key != want[i].key {
 					t.Fatalf("n=%d bits=%d: at %d got (%x, %q), want (%x, %q)", n, pfxBits, i, keys[i].pfx, keys[i].key, want[i].pfx, want[i].key)
