@@ -211,6 +211,9 @@ type transactions struct {
 
 	// halves holds the records of half messages stored by this process
 	// and not ended yet (see the file comment).
+	// ends pools the END_TRANSACTIONs in store rounds (pendingEnd).
+	ends sync.Pool
+
 	halves struct {
 		sync.Mutex
 		recs  map[int64][]byte // by physical offset
@@ -224,6 +227,7 @@ func newTransactions(b *Broker) *transactions {
 	t.mu.ended = make(map[int64]txState)
 	t.mu.pendingFrom = math.MaxInt64
 	t.halves.recs = make(map[int64][]byte)
+	t.ends.New = newPendingEnd
 	return t
 }
 
@@ -688,10 +692,12 @@ func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h
 	if err != nil {
 		return errorResponse(req, err), true
 	}
-	pe := &pendingEnd{t: t, rc: rc, half: half, want: want}
+	pe := t.ends.Get().(*pendingEnd)
+	pe.t, pe.rc, pe.half, pe.want = t, rc, half, want
 	rc.Defer()
 	if err := pe.put(ctx, msgs, want == txCommitted); err != nil {
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
+		pe.release()
 		return nil, true
 	}
 	locked = false // pe.done unlocks
@@ -701,15 +707,31 @@ func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h
 // pendingEnd is an END_TRANSACTION whose records are in a store round:
 // done (on the store's committer) records the end, releases the half
 // message and answers.
+//
+// They are pooled (transactions.ends): done releases its own.
 type pendingEnd struct {
-	t    *transactions
-	rc   *remoting.RequestCtx
-	half protocol.MessageExt
-	want txState
-	buf  *[]byte
-	puts [2]store.PutMessage
-	res  [2]store.PutResult
-	keys [2][4]string
+	t      *transactions
+	rc     *remoting.RequestCtx
+	half   protocol.MessageExt
+	want   txState
+	buf    *[]byte
+	puts   [2]store.PutMessage
+	res    [2]store.PutResult
+	keys   [2][4]string
+	doneFn func(error) // pe.done, bound once
+}
+
+func newPendingEnd() any {
+	pe := &pendingEnd{}
+	pe.doneFn = pe.done
+	return pe
+}
+
+// release clears pe and returns it to the pool.
+func (pe *pendingEnd) release() {
+	t, done := pe.t, pe.doneFn
+	*pe = pendingEnd{doneFn: done}
+	t.ends.Put(pe)
 }
 
 // put encodes msgs and hands them to the store's committer as one atomic
@@ -759,7 +781,7 @@ func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bo
 		start = ends[i]
 	}
 	n := len(msgs)
-	if err := b.store.PutAsync(ctx, pe.puts[:n], pe.res[:n], pe.done); err != nil {
+	if err := b.store.PutAsync(ctx, pe.puts[:n], pe.res[:n], pe.doneFn); err != nil {
 		b.putBuf(pe.buf)
 		return err
 	}
@@ -779,6 +801,7 @@ func (pe *pendingEnd) done(err error) {
 	}
 	t.unlock(pe.half.CommitLogOffset)
 	_ = pe.rc.Respond(resp) // a failure closed the connection, which reports it
+	pe.release()
 }
 
 // handOffEnd serves the END_TRANSACTION rc on a goroutine the broker owns
