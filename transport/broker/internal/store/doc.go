@@ -24,8 +24,9 @@
 // [Store.Put] hands its messages to a single committer goroutine which owns
 // the append lock: it assigns queue offsets, physical offsets and store
 // timestamps, patches the records, and writes every message of every Put it
-// collected in that round into ONE Pebble batch together with the updated
-// per-queue max offsets and the physical counter. With [FlushSync] the batch
+// collected in that round into ONE Pebble batch (its message, physical
+// index and key index entries; the keys themselves carry the new max
+// offsets, physical counter and last store timestamp). With [FlushSync] the batch
 // is committed with an fsync of Pebble's WAL, and all the Put calls of the
 // round are released after that single fsync (group commit). With
 // [FlushAsync] the batch is committed without fsync; a background goroutine
@@ -62,13 +63,20 @@
 //
 // # Non-obvious invariants
 //
-//   - A message, its physical and key index entries, its queue's meta (next
-//     offset) and the physical counter are written in the same Pebble batch,
-//     so after any crash they agree. Open still takes the max of the persisted
-//     next offset and (last message key + 1), and of the persisted physical
-//     counter and the end of the last physical index entry.
+//   - A message and its physical and key index entries are written in the
+//     same Pebble batch, so after any crash they agree. Commit rounds write
+//     no queue meta ('q') nor global meta ('g'): Open takes a queue's next
+//     offset as the max of its meta and (last message key + 1), the physical
+//     counter as the max of the global meta and the end of the last physical
+//     index entry, and the last store timestamp as the max of the global
+//     meta and that of the message of the last physical index entry. The
+//     metas are written where those keys are deleted: TruncateBefore writes
+//     the queue's meta (next and min offsets) and the global meta with each
+//     chunk, DeleteTopic the global meta with each chunk, so that no deletion
+//     moves a counter back at the next Open.
 //   - Queue offsets and physical offsets are assigned only under writeMu, by
-//     the committer goroutine or an inline PutAsyncInline round; TruncateBefore and DeleteTopic also hold writeMu.
+//     the committer goroutine or an inline PutAsyncInline round;
+//     TruncateBefore and DeleteTopic also hold writeMu.
 //   - Store timestamps never decrease across the whole store (the clock is
 //     clamped to the last assigned timestamp, which is persisted), so per queue
 //     they are non-decreasing in offset order, which SearchOffset's binary

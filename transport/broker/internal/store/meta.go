@@ -420,6 +420,9 @@ func (s *Store) TruncateBefore(topic string, queue int32, offset int64) error {
 			err = b.Set(q.metaKey, v[:], nil)
 		}
 		if err == nil {
+			err = s.setGlobalLocked(b)
+		}
+		if err == nil {
 			err = s.commitBatch(b, true, "truncate")
 		}
 		if cerr := b.Close(); err == nil {
@@ -430,6 +433,17 @@ func (s *Store) TruncateBefore(topic string, queue int32, offset int64) error {
 		}
 		q.min.Store(to)
 	}
+}
+
+// setGlobalLocked adds the global meta (physical counter, last store
+// timestamp) to b, which deletes physical index entries: Open recovers both
+// from the last physical index entry, which b may delete, so they are kept
+// here. Requires writeMu.
+func (s *Store) setGlobalLocked(b *pebble.Batch) error {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[0:], uint64(s.physNext))
+	binary.BigEndian.PutUint64(v[8:], uint64(s.lastTS))
+	return b.Set(keyGlobal, v[:], nil)
 }
 
 // deleteIndexes adds deletions of a message's physical and key index
@@ -484,6 +498,9 @@ func (s *Store) DeleteTopic(topic string) error {
 			return false, err
 		}
 		if n++; n%deleteChunk == 0 {
+			if err := s.setGlobalLocked(b); err != nil {
+				return false, err
+			}
 			if err := s.commitBatch(b, false, "delete topic"); err != nil {
 				return false, err
 			}
@@ -501,6 +518,9 @@ func (s *Store) DeleteTopic(topic string) error {
 	}
 	if err == nil {
 		err = b.Delete(appendNameKey(nil, prefixTopicCfg, topic), nil)
+	}
+	if err == nil {
+		err = s.setGlobalLocked(b)
 	}
 	if err == nil {
 		err = s.commitBatch(b, true, "delete topic")

@@ -289,8 +289,8 @@ func (s *Store) runCommitter() {
 				// their way to Put, typically woken by the previous
 				// round) reach the channel before this round closes.
 				// Without it a fast committer runs one Put per round
-				// under load, paying a Pebble commit and the meta writes
-				// per message; idle, it costs one scheduler pass.
+				// under load, paying a Pebble commit per message;
+				// idle, it costs one scheduler pass.
 				yielded = true
 				runtime.Gosched()
 			}
@@ -406,19 +406,12 @@ func (s *Store) commitLocked(reqs []*putRequest) error {
 			}
 		}
 	}
-	var v [16]byte
-	for _, q := range touched {
-		binary.BigEndian.PutUint64(v[0:], uint64(q.next))
-		binary.BigEndian.PutUint64(v[8:], uint64(q.min.Load()))
-		if err := b.Set(q.metaKey, v[:], nil); err != nil {
-			return s.abortRound(touched, refs, err)
-		}
-	}
-	binary.BigEndian.PutUint64(v[0:], uint64(physNext))
-	binary.BigEndian.PutUint64(v[8:], uint64(now))
-	if err := b.Set(keyGlobal, v[:], nil); err != nil {
-		return s.abortRound(touched, refs, err)
-	}
+	// No queue meta or global meta is written: the round's own message and
+	// physical index keys carry the new next offsets, physical counter and
+	// last store timestamp, which Open recovers from them (recover). The
+	// metas are written only where keys that carry them are deleted
+	// (TruncateBefore, DeleteTopic). Two keys fewer per round: a third
+	// less memtable work for a round of one message.
 	if err := s.commitBatch(b, s.opts.FlushMode == FlushSync, "commit"); err != nil {
 		return s.abortRound(touched, refs, err)
 	}

@@ -445,11 +445,9 @@ func (s *Store) recover() (err error) {
 		next := st.metaNext
 		minOff := st.metaMin
 		if st.hasData {
-			if st.last+1 > next {
-				s.log.Warn("store: queue meta behind data; using data", "topic", k.topic, "queue", k.id,
-					"meta", next, "data", st.last+1)
-				next = st.last + 1
-			}
+			// Commit rounds do not write the queue meta: the data has the
+			// next offset, the meta only what TruncateBefore left.
+			next = max(next, st.last+1)
 			minOff = st.first
 		} else {
 			minOff = next
@@ -482,8 +480,30 @@ func (s *Store) recoverPhys() error {
 	}
 	end := int64(binary.BigEndian.Uint64(k[1:])) + int64(binary.BigEndian.Uint32(v))
 	if end > s.physNext {
-		s.log.Warn("store: physical counter behind index; using index", "meta", s.physNext, "index", end)
+		// The usual case: commit rounds do not write the global meta.
 		s.physNext = end
+	}
+	// The last store timestamp is that of the last message: timestamps
+	// never decrease in physical order.
+	queue := int32(binary.BigEndian.Uint32(v[4:]))
+	off := int64(binary.BigEndian.Uint64(v[8:]))
+	mv, closer, err := s.db.Get(appendMsgKey(nil, string(v[physValueFixed:]), queue, off))
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		// DeleteTopic deletes physical index entries before their messages,
+		// never after: not expected, and the global meta then holds the
+		// timestamp anyway (written with every such deletion).
+		return nil
+	case err != nil:
+		return fmt.Errorf("store: read last message: %w", err)
+	}
+	m, err := decodeValue(mv)
+	_ = closer.Close()
+	if err != nil {
+		return fmt.Errorf("store: read last message: %w", err)
+	}
+	if m.storeTS > s.lastTS {
+		s.lastTS = m.storeTS
 	}
 	return nil
 }
