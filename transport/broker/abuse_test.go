@@ -1,14 +1,19 @@
 package broker
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -57,17 +62,16 @@ type abuseCounts struct{ slow, idle, pullers, flood int }
 //
 // By default the counts are scaled down (200 slow, 200 idle, 20 pullers,
 // a flood of 100) to keep `make test` fast on two cores; set
-// RUNNEL_ABUSE_FULL=1 for the full counts (about 2,100 connections at once,
-// each end in this process: 4,300 file descriptors, RLIMIT_NOFILE is raised
-// as needed or the test skips).
+// RUNNEL_ABUSE_FULL=1 for the full counts (about 2,100 connections at once:
+// 2,600 file descriptors in each process, RLIMIT_NOFILE is raised as needed
+// or the test skips). The attackers run in a child process
+// (TestBrokerAbuseAttacker), so that the figures are the broker's: its
+// heap, its RSS, its scheduler.
 func TestBrokerAbuse(t *testing.T) {
-	n := abuseCounts{slow: 200, idle: 200, pullers: 20, flood: 100}
-	if os.Getenv(envAbuseFull) != "" {
-		n = abuseCounts{slow: 1000, idle: 1000, pullers: 100, flood: 500}
-	}
+	n := abuseCountsFromEnv()
 	const margin = 16 // connections beyond the abusive ones: healthy, producer, stragglers
 	capConns := n.slow + n.idle + n.pullers + margin
-	raiseNoFile(t, uint64(2*(capConns+n.flood)+512))
+	raiseNoFile(t, uint64(capConns+n.flood+512))
 
 	const (
 		firstFrame = 8 * time.Second // covers opening every connection and the flood under -race
@@ -113,78 +117,23 @@ func TestBrokerAbuse(t *testing.T) {
 	marks := []mark{{"attack start", attackStart}}
 	markNow := func(name string) { marks = append(marks, mark{name, time.Now()}) }
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	quit := make(chan struct{})
-	var quitOnce sync.Once
-	stopAttack := func() { quitOnce.Do(func() { close(quit) }) }
-	defer stopAttack()
-
-	// Idle: one heartbeat each, then nothing.
-	hb := protocol.NewRequest(protocol.ReqHeartbeat)
-	hb.Body = []byte(`{"clientID":"idle","consumerDataSet":[],"producerDataSet":[{"groupName":"PG"}]}`)
-	hbFrame := abuseFrame(t, hb)
-	for range n.idle {
-		nc := abuseDial(t, addr, 0)
-		if _, err := nc.Write(hbFrame); err != nil {
-			t.Fatalf("idle heartbeat: %v", err)
-		}
-	}
-	// Slow: one byte per second of a valid frame, never finished in time.
-	slow := make([]net.Conn, n.slow)
-	for i := range slow {
-		slow[i] = abuseDial(t, addr, 0)
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		trickle(slow, abuseFrame(t, sendReq("Healthy", 0, body, "")), quit)
-	}()
-	// Pullers: park pulls at the end of "Abuse", never read.
-	park := abuseFrame(t, pullRequest(pullArgs{group: "abuse-cg", topic: "Abuse", offset: 64, max: 32,
-		sysFlag: protocol.PullFlagSuspend, suspendMS: 20_000}))
-	again := abuseFrame(t, pullRequest(pullArgs{group: "abuse-cg", topic: "Abuse", offset: 0, max: 32}))
-	pullers := make([]net.Conn, n.pullers)
-	for i := range pullers {
-		pullers[i] = abuseDial(t, addr, 4096)
-		for range 8 {
-			if _, err := pullers[i].Write(park); err != nil {
-				t.Fatalf("park: %v", err)
-			}
-		}
-	}
+	// The attackers run in a process of their own, as they would on other
+	// machines: they share the two cores, but not this process's Go
+	// scheduler, heap and GC with the broker and the healthy client.
+	acceptedAttack := b.ServerStats().Accepted
+	atk := startAttacker(t, addr)
+	defer atk.stop()
+	atk.expect("opened")
+	// The kernel completes handshakes before the broker accepts.
+	waitFor(t, 30*time.Second, "the abusive connections accepted", func() bool {
+		return b.ServerStats().Accepted-acceptedAttack >= int64(n.slow+n.idle+n.pullers)
+	})
 	markNow("opened")
-
-	// Flood beyond the cap while all of the above are open.
-	// The flood holds its connections until it is over, as a real one does
-	// (each refused one is reset by the broker at once: a dial may even
-	// fail with that reset, when the broker refuses it before the dialer
-	// saw its handshake complete).
 	accepted0 := b.ServerStats().Accepted
-	var floodWG sync.WaitGroup
-	floodConns := make([][]net.Conn, 8)
-	var reached atomic.Int64 // flood dials that reached the broker
-	for w := range 8 {
-		floodWG.Add(1)
-		go func() {
-			defer floodWG.Done()
-			for i := w; i < n.flood; i += 8 {
-				nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
-				switch {
-				case err == nil:
-					floodConns[w] = append(floodConns[w], nc)
-					reached.Add(1)
-				case errors.Is(err, syscall.ECONNRESET):
-					reached.Add(1)
-				}
-			}
-		}()
-	}
-	floodWG.Wait()
-	for _, ncs := range floodConns {
-		for _, nc := range ncs {
-			_ = nc.Close()
-		}
+	atk.command("flood")
+	reached, err := strconv.ParseInt(atk.expect("flooded"), 10, 64) // flood dials that reached the broker
+	if err != nil {
+		t.Fatalf("attacker: %v", err)
 	}
 	markNow("flooded")
 	heapOpen := h.liveHeap() // live heap with every abusive connection open
@@ -194,26 +143,24 @@ func TestBrokerAbuse(t *testing.T) {
 	// reached it.
 	waitFor(t, 10*time.Second, "the flood accepted or refused", func() bool {
 		st := b.ServerStats()
-		return st.RejectedConns+st.Accepted-accepted0 >= reached.Load()
+		return st.RejectedConns+st.Accepted-accepted0 >= reached
 	})
 	// At most the margin, and slots freed by flood connections closed
 	// before the broker accepted the rest, go to the flood.
-	if st := b.ServerStats(); reached.Load() < int64(n.flood)/2 || st.RejectedConns < reached.Load()-2*margin {
-		t.Errorf("flood: %d of %d dials reached the broker, %d refused, %d accepted", reached.Load(), n.flood, st.RejectedConns, st.Accepted-accepted0)
+	if st := b.ServerStats(); reached < int64(n.flood)/2 || st.RejectedConns < reached-2*margin {
+		t.Errorf("flood: %d of %d dials reached the broker, %d refused, %d accepted", reached, n.flood, st.RejectedConns, st.Accepted-accepted0)
 	}
+	atk.command("release") // the flood's connections close, freeing the slots they took
+	waitFor(t, 10*time.Second, "the flood's accepted connections closed", func() bool {
+		return b.ServerStats().Active <= int64(n.slow+n.idle+n.pullers+2)
+	})
 	// Wake the parked pulls, and have the pullers ask for more and more.
 	markNow("flood refused")
 	producer = dial(t, addr) // the first one went idle meanwhile
 	for range 16 {
 		send(t, producer, "Abuse", 0, big, "")
 	}
-	for _, nc := range pullers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pullForever(nc, again, quit)
-		}()
-	}
+	atk.command("pull")
 	for cutBy := time.Now().Add(60 * time.Second); ; {
 		st := b.ServerStats()
 		if st.WriteQueueBytes+st.WriteQueueFull+st.WriteTimeouts >= int64(n.pullers) {
@@ -245,8 +192,7 @@ func TestBrokerAbuse(t *testing.T) {
 		markNow("slow cut")
 	}
 	markNow("idle cut")
-	stopAttack()
-	wg.Wait()
+	atk.stop()
 	st := b.ServerStats()
 	if st.WriteQueueBytes < int64(n.pullers) {
 		t.Errorf("pullers: %d cut by the byte bound, want %d (%+v)", st.WriteQueueBytes, n.pullers, st)
@@ -288,7 +234,7 @@ func TestBrokerAbuse(t *testing.T) {
 	t.Logf("live heap: before %.1f MiB, every connection open %.1f MiB, pullers cut %.1f MiB, after %.1f MiB; "+
 		"largest HeapAlloc sampled (garbage included) %.1f MiB",
 		mib(heapBefore), mib(heapOpen), mib(heapCut), mib(heapAfter), mib(peak.Load()))
-	t.Logf("process RSS (broker and attackers): before %.1f MiB, largest sampled %.1f MiB, after %.1f MiB",
+	t.Logf("process RSS (broker and healthy client): before %.1f MiB, largest sampled %.1f MiB, after %.1f MiB",
 		mib(rssBefore), mib(peakRSS.Load()), mib(rssAfter))
 	p99b, p99a := percentile(base, 990), percentile(attack, 990)
 	if p99a > 2*p99b {
@@ -408,6 +354,272 @@ func latencySummary(d []time.Duration, span time.Duration) string {
 	return fmt.Sprintf("%5d sends (of %5d paced), p50 %v p99 %v p99.9 %v max %v", len(d), span/time.Millisecond,
 		percentile(d, 500).Round(time.Microsecond), percentile(d, 990).Round(time.Microsecond),
 		percentile(d, 999).Round(time.Microsecond), percentile(d, 1000).Round(time.Microsecond))
+}
+
+// envAbuseAttacker, set to the broker's address, makes
+// TestBrokerAbuseAttacker the attacking process of TestBrokerAbuse.
+const envAbuseAttacker = "RUNNEL_ABUSE_ATTACKER"
+
+// abuseCountsFromEnv returns the counts of TestBrokerAbuse.
+func abuseCountsFromEnv() abuseCounts {
+	if os.Getenv(envAbuseFull) != "" {
+		return abuseCounts{slow: 1000, idle: 1000, pullers: 100, flood: 500}
+	}
+	return abuseCounts{slow: 200, idle: 200, pullers: 20, flood: 100}
+}
+
+// attacker is the attacking process of TestBrokerAbuse (this test binary
+// running TestBrokerAbuseAttacker): it reports its progress in lines
+// "ABUSE <event> [value]" on its standard output and takes commands, one
+// per line, on its standard input.
+type attacker struct {
+	t        *testing.T
+	cmd      *exec.Cmd
+	in       io.WriteCloser
+	events   chan [2]string // event, value
+	output   *lockedBuffer  // everything else it printed
+	readDone chan struct{}
+	stopOnce sync.Once
+	waitErr  error
+}
+
+func startAttacker(t *testing.T, addr string) *attacker {
+	t.Helper()
+	a := &attacker{t: t, events: make(chan [2]string, 16), output: &lockedBuffer{}, readDone: make(chan struct{})}
+	a.cmd = exec.Command(os.Args[0], "-test.run=^TestBrokerAbuseAttacker$", "-test.count=1", "-test.v")
+	a.cmd.Env = append(os.Environ(), envAbuseAttacker+"="+addr)
+	a.cmd.Stderr = a.output
+	var err error
+	if a.in, err = a.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := a.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatalf("start attacker: %v", err)
+	}
+	go func() {
+		defer close(a.readDone)
+		defer close(a.events)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if rest, ok := strings.CutPrefix(line, "ABUSE "); ok {
+				ev, val, _ := strings.Cut(rest, " ")
+				a.events <- [2]string{ev, val}
+				continue
+			}
+			a.output.WriteString(line + "\n")
+		}
+	}()
+	return a
+}
+
+// expect waits for the attacker's next event, which must be ev, and
+// returns its value.
+func (a *attacker) expect(ev string) string {
+	a.t.Helper()
+	tm := time.NewTimer(2 * time.Minute)
+	defer tm.Stop()
+	select {
+	case e, ok := <-a.events:
+		if !ok {
+			a.stop()
+			a.t.Fatalf("attacker exited before %q: %v\n%s", ev, a.waitErr, a.output.String())
+		}
+		if e[0] != ev {
+			a.t.Fatalf("attacker: %q, want %q", e[0], ev)
+		}
+		return e[1]
+	case <-tm.C:
+		a.t.Fatalf("attacker: no %q in 2 minutes\n%s", ev, a.output.String())
+	}
+	return ""
+}
+
+// command sends the attacker a command.
+func (a *attacker) command(c string) {
+	a.t.Helper()
+	if _, err := io.WriteString(a.in, c+"\n"); err != nil {
+		a.t.Fatalf("attacker command %q: %v", c, err)
+	}
+}
+
+// stop ends the attack: the attacker closes its connections and exits
+// (killed after 30 s). Later calls do nothing.
+func (a *attacker) stop() {
+	a.stopOnce.Do(func() {
+		_ = a.in.Close() // EOF: the attacker stops
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for range a.events { // the reader ends once the process exits
+			}
+			<-a.readDone
+			a.waitErr = a.cmd.Wait()
+		}()
+		tm := time.NewTimer(30 * time.Second)
+		defer tm.Stop()
+		select {
+		case <-done:
+		case <-tm.C:
+			_ = a.cmd.Process.Kill()
+			<-done
+		}
+		if a.waitErr != nil {
+			a.t.Errorf("attacker: %v\n%s", a.waitErr, a.output.String())
+		}
+	})
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) WriteString(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestBrokerAbuseAttacker is the attacking process of TestBrokerAbuse
+// (skipped unless started by it): it opens the idle, slow and pulling
+// connections ("opened"), floods beyond the cap on "flood" ("flooded",
+// with the dials that reached the broker) and holds the flood's
+// connections until "release", has the pullers ask for more on "pull",
+// and stops at the end of its input.
+func TestBrokerAbuseAttacker(t *testing.T) {
+	addr := os.Getenv(envAbuseAttacker)
+	if addr == "" {
+		t.Skip("the attacking process of TestBrokerAbuse")
+	}
+	n := abuseCountsFromEnv()
+	raiseNoFile(t, uint64(n.slow+n.idle+n.pullers+n.flood+256))
+	say := func(ev string, val any) { fmt.Printf("ABUSE %s %v\n", ev, val) }
+	commands := make(chan string)
+	go func() { // ends with the input, which the parent closes last (or with the process, after a failure)
+		defer close(commands)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			commands <- sc.Text()
+		}
+	}()
+	next := func(want string) bool {
+		c, ok := <-commands
+		if ok && c != want {
+			t.Fatalf("command %q, want %q", c, want)
+		}
+		return ok
+	}
+	body := bytes.Repeat([]byte{'h'}, 128)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	quit := make(chan struct{})
+	defer close(quit)
+
+	// Idle: one heartbeat each, then nothing.
+	hb := protocol.NewRequest(protocol.ReqHeartbeat)
+	hb.Body = []byte(`{"clientID":"idle","consumerDataSet":[],"producerDataSet":[{"groupName":"PG"}]}`)
+	hbFrame := abuseFrame(t, hb)
+	for range n.idle {
+		nc := abuseDial(t, addr, 0)
+		if _, err := nc.Write(hbFrame); err != nil {
+			t.Fatalf("idle heartbeat: %v", err)
+		}
+	}
+	// Slow: one byte per second of a valid frame, never finished in time.
+	slow := make([]net.Conn, n.slow)
+	for i := range slow {
+		slow[i] = abuseDial(t, addr, 0)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		trickle(slow, abuseFrame(t, sendReq("Healthy", 0, body, "")), quit)
+	}()
+	// Pullers: park pulls at the end of "Abuse", never read.
+	park := abuseFrame(t, pullRequest(pullArgs{group: "abuse-cg", topic: "Abuse", offset: 64, max: 32,
+		sysFlag: protocol.PullFlagSuspend, suspendMS: 20_000}))
+	again := abuseFrame(t, pullRequest(pullArgs{group: "abuse-cg", topic: "Abuse", offset: 0, max: 32}))
+	pullers := make([]net.Conn, n.pullers)
+	for i := range pullers {
+		pullers[i] = abuseDial(t, addr, 4096)
+		for range 8 {
+			if _, err := pullers[i].Write(park); err != nil {
+				t.Fatalf("park: %v", err)
+			}
+		}
+	}
+	say("opened", "")
+
+	// Flood beyond the cap while all of the above are open.
+	// The flood holds its connections until it is over, as a real one does
+	// (each refused one is reset by the broker at once: a dial may even
+	// fail with that reset, when the broker refuses it before the dialer
+	// saw its handshake complete).
+	if !next("flood") {
+		return
+	}
+	var floodWG sync.WaitGroup
+	floodConns := make([][]net.Conn, 8)
+	var reached atomic.Int64 // flood dials that reached the broker
+	for w := range 8 {
+		floodWG.Add(1)
+		go func() {
+			defer floodWG.Done()
+			for i := w; i < n.flood; i += 8 {
+				nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				switch {
+				case err == nil:
+					floodConns[w] = append(floodConns[w], nc)
+					reached.Add(1)
+				case errors.Is(err, syscall.ECONNRESET):
+					reached.Add(1)
+				}
+			}
+		}()
+	}
+	floodWG.Wait()
+	say("flooded", reached.Load())
+	if !next("release") {
+		return
+	}
+	for _, ncs := range floodConns {
+		for _, nc := range ncs {
+			_ = nc.Close()
+		}
+	}
+
+	// Have the pullers ask for more and more, never reading.
+	if !next("pull") {
+		return
+	}
+	for _, nc := range pullers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pullForever(nc, again, quit)
+		}()
+	}
+	for range commands { // until the input ends
+	}
 }
 
 // raiseNoFile raises the soft RLIMIT_NOFILE to need, or skips the test.
