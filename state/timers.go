@@ -1,10 +1,12 @@
 package state
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"iter"
 	"slices"
+	"strings"
 
 	"github.com/runnel-dev/runnel/internal/invariants"
 )
@@ -53,6 +55,29 @@ type Timers struct {
 	// O(1): the keyed task asks it for every message.
 	n    [3]int
 	kbuf []byte
+	// keys holds the set's keys, copied in chunks of keyChunk bytes (one
+	// allocation per chunk, not per timer). A chunk is never written again
+	// once a key is in it, so fired keys (Timer.Key) stay valid; it is
+	// freed when none of its keys is referenced.
+	keys []byte
+	sbuf []timerSortKey // sortKeys' scratch
+}
+
+// keyChunk is the size of the chunks timer keys are copied to: small, so
+// that a long-lived timer keeps little memory of fired ones alive.
+const keyChunk = 4 << 10
+
+// intern returns k as a string in the key chunks.
+func (t *Timers) intern(k []byte) string {
+	if len(k) > keyChunk/4 {
+		return string(k)
+	}
+	if cap(t.keys)-len(t.keys) < len(k) {
+		t.keys = make([]byte, 0, keyChunk)
+	}
+	n := len(t.keys)
+	t.keys = append(t.keys, k...)
+	return unsafeString(t.keys[n:len(t.keys):len(t.keys)])
 }
 
 // timerQueue is one domain's timers: buckets by timestamp, and a min-heap
@@ -97,9 +122,9 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 			if len(rest) < 9 || (rest[0] != byte(EventTime) && rest[0] != byte(ProcessingTime)) {
 				return false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, name)
 			}
-			k := string(appendLayerKey(nil, uint16(kg), sk))
-			if _, dup := t.set[k]; !dup {
-				t.add(TimeDomain(rest[0]), decodeTS(rest[1:9]), k)
+			t.kbuf = appendLayerKey(t.kbuf[:0], uint16(kg), sk)
+			if _, dup := t.set[string(t.kbuf)]; !dup {
+				t.add(TimeDomain(rest[0]), decodeTS(rest[1:9]), t.intern(t.kbuf))
 			}
 			return true, nil
 		})
@@ -164,7 +189,7 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 	if _, dup := t.set[string(k)]; dup {
 		return nil
 	}
-	t.add(d, ts, string(k))
+	t.add(d, ts, t.intern(k))
 	t.h.b.cur.put(k, nil)
 	return nil
 }
@@ -211,7 +236,7 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 func (t *Timers) compact(bk *timerBucket) {
 	rest := bk.keys[bk.next:]
 	if !bk.sorted {
-		slices.Sort(rest)
+		t.sortKeys(rest)
 		bk.sorted = true
 	}
 	n := 0
@@ -226,6 +251,59 @@ func (t *Timers) compact(bk *timerBucket) {
 	}
 	clear(rest[n:])
 	bk.keys = bk.keys[:bk.next+n]
+}
+
+// timerSortKey is a bucket key to sort: pfx holds its key group and the 6
+// bytes of the key past the part all keys of the bucket share (big-endian,
+// zero-padded), so that most comparisons compare integers.
+type timerSortKey struct {
+	pfx uint64
+	k   string
+}
+
+// sortKeys sorts the layer keys of one bucket. They share the timer name,
+// domain and timestamp, and often the leading bytes of the key (an integer
+// key's zeros): a string comparison would go over those bytes every time.
+func (t *Timers) sortKeys(keys []string) {
+	hdr := 2 + len(t.h.prefix) + 9
+	if len(keys) < 64 {
+		slices.Sort(keys)
+		return
+	}
+	lcp, first := -1, ""
+	for _, k := range keys {
+		rest := k[hdr:]
+		if lcp < 0 {
+			first, lcp = rest, len(rest)
+			continue
+		}
+		n, i := min(lcp, len(rest)), 0
+		for i < n && rest[i] == first[i] {
+			i++
+		}
+		lcp = i
+	}
+	sk := t.sbuf[:0]
+	for _, k := range keys {
+		var p [8]byte
+		p[0], p[1] = k[0], k[1]
+		copy(p[2:], k[hdr+lcp:])
+		sk = append(sk, timerSortKey{pfx: binary.BigEndian.Uint64(p[:]), k: k})
+	}
+	slices.SortFunc(sk, func(a, b timerSortKey) int {
+		if a.pfx != b.pfx {
+			return cmp.Compare(a.pfx, b.pfx)
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	for i := range sk {
+		keys[i] = sk[i].k
+	}
+	clear(sk)
+	t.sbuf = sk[:0]
+	if invariants.Enabled && !slices.IsSorted(keys) {
+		panic("state: timer keys out of order")
+	}
 }
 
 // top returns the earliest bucket of domain d (nil: none).
@@ -253,17 +331,18 @@ func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 		return Timer{}, false, nil
 	}
 	if !bk.sorted {
-		slices.Sort(bk.keys[bk.next:])
+		t.sortKeys(bk.keys[bk.next:])
 		bk.sorted = true
 	}
 	// A live bucket has a live key among keys[next:].
 	for {
 		k := bk.keys[bk.next]
 		bk.next++
-		if _, ok := t.set[k]; !ok {
+		n := len(t.set)
+		delete(t.set, k) // one probe: the set need not be asked first
+		if len(t.set) == n {
 			continue // deleted, or a duplicate already fired
 		}
-		delete(t.set, k)
 		t.n[d]--
 		ts := bk.ts
 		bk.live--

@@ -14,27 +14,29 @@ func (m *Map[K, V]) GetBuffered(k K) (v V, ok, known bool, err error) {
 		return v, false, false, err
 	}
 	b := m.h.b
-	var e *entry
-	e, known = b.cur.lookup(key)
-	known = known || e != nil
+	e, masked := b.cur.lookup(key)
+	known = masked || e != nil
+	inCur := known
 	for i := len(b.frozen) - 1; !known && i >= 0; i-- {
-		e, known = b.frozen[i].lookup(key)
-		known = known || e != nil
+		e, masked = b.frozen[i].lookup(key)
+		known = masked || e != nil
 	}
 	var val []byte
 	switch {
 	case known:
+		if !inCur {
+			b.cur.noteMiss(key, 0, 0) // as Backend.get: a Put then inserts at once
+		}
 		if e == nil || e.del {
 			return v, false, true, nil
 		}
 		val = e.val
 	default:
-		var hit bool
-		if val, ok, hit = b.cache.get(key); !hit {
-			return v, false, false, nil
-		}
-		if !ok {
-			return v, false, true, nil
+		var slot uint32
+		val, ok, slot, known = b.cache.getSlot(key)
+		b.cur.noteMiss(key, slot, b.cache.gen)
+		if !known || !ok {
+			return v, false, known, nil
 		}
 	}
 	if val, ok, err = m.h.strip(key, val); err != nil || !ok {
