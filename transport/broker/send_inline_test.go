@@ -7,17 +7,41 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
+	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
 // TestSendInlineOrder pipelines single-message sends to one queue on one
 // connection: served on the reader goroutine, they are stored in the order
 // the connection carried them, so their queue offsets follow that order.
+// In ASYNC flush mode a send may be committed on the reader goroutine (a
+// lone send, or the first of a burst) while the others of its burst go
+// to the committer: bursts alternate with lone sends to mix both.
 func TestSendInlineOrder(t *testing.T) {
-	br := startBroker(t)
-	c := dial(t, br.Addr())
-	const topic = "InlineOrder"
-	first := send(t, c, topic, 0, []byte("first"), "") // creates the topic
-	const n = 300
+	for _, mode := range []struct {
+		name string
+		fm   FlushMode
+	}{{"sync", FlushSync}, {"async", FlushAsync}} {
+		t.Run(mode.name, func(t *testing.T) {
+			br := startBroker(t, WithFlushMode(mode.fm))
+			c := dial(t, br.Addr())
+			const topic = "InlineOrder"
+			next := send(t, c, topic, 0, []byte("first"), "").QueueOffset + 1 // creates the topic
+			for round := range 6 {
+				if got := send(t, c, topic, 0, []byte("lone"), "").QueueOffset; got != next {
+					t.Fatalf("round %d: lone send stored at queue offset %d, want %d", round, got, next)
+				}
+				next++
+				next = sendBurstInOrder(t, c, topic, next, 100)
+			}
+		})
+	}
+}
+
+// sendBurstInOrder sends n messages to queue 0 of topic without waiting
+// between them and checks that they were stored at offsets from, from+1, ...
+// in the order they were sent. It returns the next offset.
+func sendBurstInOrder(t *testing.T, c *remoting.Conn, topic string, from int64, n int) int64 {
+	t.Helper()
 	offs := make([]int64, n)
 	errs := make([]string, n)
 	var wg sync.WaitGroup
@@ -45,10 +69,11 @@ func TestSendInlineOrder(t *testing.T) {
 		if errs[i] != "" {
 			t.Fatalf("send %d: %s", i, errs[i])
 		}
-		if want := first.QueueOffset + 1 + int64(i); offs[i] != want {
+		if want := from + int64(i); offs[i] != want {
 			t.Fatalf("send %d stored at queue offset %d, want %d (arrival order)", i, offs[i], want)
 		}
 	}
+	return from + int64(n)
 }
 
 // TestSendInlineHandOff pipelines, on one connection, the sends that may
