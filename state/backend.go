@@ -560,7 +560,8 @@ func (p *part) WriteTo(w *checkpoint.Writer) error {
 
 // sortKey is an entry of a layer to sort: pfx holds the key group and the
 // 6 bytes that follow the part every key of the layer shares (big-endian,
-// zero-padded), so that most comparisons need no string.
+// zero-padded), so that most comparisons need no string. The sort may
+// overwrite pfx (see sortByKey).
 type sortKey struct {
 	pfx uint64
 	key string
@@ -609,24 +610,43 @@ func sortedEntries(l *layer) []sortKey {
 	return out
 }
 
-// radixSortKeys sorts keys by (pfx, key): a least-significant-digit radix
-// sort on the bytes of pfx in which the keys differ (most layers' keys
-// differ in a few bytes only), then a comparison sort of each run of equal
-// pfx. Small inputs use a comparison sort.
+// radixSortKeys sorts keys by (pfx, key) (tmp is scratch of the same
+// length): a least-significant-digit radix sort on the bytes of pfx in
+// which the keys differ, then each run of equal pfx by its keys (see
+// sortByKey). Small inputs use a comparison sort.
 func radixSortKeys(keys, tmp []sortKey) {
-	cmp := func(a, b sortKey) int {
-		if a.pfx != b.pfx {
-			if a.pfx < b.pfx {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.key, b.key)
-	}
 	if len(keys) < 256 {
-		slices.SortFunc(keys, cmp)
+		slices.SortFunc(keys, cmpSortKey)
 		return
 	}
+	radixSortPfx(keys, tmp)
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && keys[j].pfx == keys[i].pfx {
+			j++
+		}
+		if j-i > 1 {
+			sortByKey(keys[i:j], tmp[i:j], 0)
+		}
+		i = j
+	}
+}
+
+func cmpSortKey(a, b sortKey) int {
+	if a.pfx != b.pfx {
+		if a.pfx < b.pfx {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a.key, b.key)
+}
+
+func cmpKey(a, b sortKey) int { return strings.Compare(a.key, b.key) }
+
+// radixSortPfx sorts keys by pfx (stable), skipping the bytes in which no
+// two keys differ.
+func radixSortPfx(keys, tmp []sortKey) {
 	and, or := ^uint64(0), uint64(0)
 	for i := range keys {
 		and &= keys[i].pfx
@@ -656,16 +676,55 @@ func radixSortKeys(keys, tmp []sortKey) {
 		}
 		src, dst = dst, src
 	}
-	if &src[0] != &keys[0] {
+	if len(src) > 0 && &src[0] != &keys[0] {
 		copy(keys, src)
 	}
+}
+
+// sortByKey sorts keys, which share at least their first from bytes, by
+// key: a radix sort on the 8 bytes after the run's common prefix, then the
+// same for each run of keys equal in those bytes (a layer whose keys
+// belong to several states shares no prefix past the key group, so the
+// first pfx leaves long runs).
+func sortByKey(keys, tmp []sortKey, from int) {
+	if len(keys) < 64 {
+		slices.SortFunc(keys, cmpKey)
+		return
+	}
+	first := keys[0].key
+	lcp := len(first)
+	for i := 1; i < len(keys) && lcp > from; i++ {
+		k := keys[i].key
+		n, j := min(lcp, len(k)), from
+		for j < n && k[j] == first[j] {
+			j++
+		}
+		lcp = j
+	}
+	if lcp < from {
+		lcp = from
+	}
+	for i := range keys {
+		var p [8]byte
+		if k := keys[i].key; lcp < len(k) {
+			copy(p[:], k[lcp:])
+		}
+		keys[i].pfx = binary.BigEndian.Uint64(p[:])
+	}
+	radixSortPfx(keys, tmp)
 	for i := 0; i < len(keys); {
 		j := i + 1
 		for j < len(keys) && keys[j].pfx == keys[i].pfx {
 			j++
 		}
-		if j-i > 1 {
-			slices.SortFunc(keys[i:j], cmp)
+		switch {
+		case j-i < 2:
+		case j-i == len(keys):
+			// No byte after the prefix told them apart (keys that
+			// differ only in trailing zero bytes): compare.
+			slices.SortFunc(keys[i:j], cmpKey)
+		default:
+			sortByKey(keys[i:j], tmp[i:j], lcp+8)
 		}
 		i = j
 	}

@@ -242,3 +242,32 @@ func BenchmarkTimersWindowCycle(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkSortedEntries is the checkpoint's sort of a layer of 100k
+// changed keys of a keyed count plus one key of another state (a keyed
+// task's watermark), as Part.WriteTo sorts it.
+func BenchmarkSortedEntries(b *testing.B) {
+	s := openStore(b, b.TempDir())
+	be := newBackend(b, s)
+	v := must(NewValue(be, "n", Int64Codec()))
+	wm := must(NewValue(be, "runnel.wm", Int64Codec()))
+	kbuf := make([]byte, 0, 8)
+	for i := range 100_000 {
+		kbuf, _ = Int64Codec().Append(kbuf[:0], int64((uint64(i)*7919)%100_000))
+		be.SetCurrentKey(kbuf)
+		if err := v.Set(int64(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	be.SetCurrentKey([]byte("wm"))
+	if err := wm.Set(1); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if got := sortedEntries(be.cur); len(got) != 100_001 {
+			b.Fatal(len(got))
+		}
+	}
+}
