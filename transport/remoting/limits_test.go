@@ -297,6 +297,54 @@ func TestServerQueuedBytesBound(t *testing.T) {
 	}
 }
 
+// TestServerSkipsRequestsOfCutPeer: once a peer that does not read is cut
+// by the byte bound, the requests it had already sent (here: frames
+// buffered behind the one that hit the bound) are not served: a response
+// could not reach it, and serving them (a pull reads its messages first)
+// would only burn the cores. Its oneway requests are still served.
+func TestServerSkipsRequestsOfCutPeer(t *testing.T) {
+	const (
+		body  = 64 << 10
+		bound = 256 << 10
+		code  = int32(120)
+		n     = 100
+	)
+	s, addr := newTestServer(t, WithMaxQueuedBytes(bound), WithWriteTimeout(time.Minute))
+	var served, oneway atomic.Int64
+	big := bytes.Repeat([]byte{'x'}, body)
+	s.HandleInline(code, ProcessorFunc(func(_ context.Context, rc *RequestCtx) (*protocol.Command, error) {
+		if rc.Request().IsOneway() {
+			oneway.Add(1)
+			return nil, nil
+		}
+		served.Add(1)
+		resp := protocol.NewResponse(rc.Request(), protocol.ResSuccess, "")
+		resp.Body = big
+		return resp, nil
+	}))
+	// n requests and a oneway one in a single write: the server reads them
+	// in one go and serves them one after another.
+	var frames []byte
+	for i := range n {
+		req := protocol.NewRequest(code)
+		req.Opaque = int32(i + 1)
+		frames = append(frames, frameBytes(t, req)...)
+	}
+	ow := protocol.NewRequest(code)
+	ow.Flag |= protocol.FlagOneway
+	frames = append(frames, frameBytes(t, ow)...)
+	nc := limitDial(t, addr, "", 4096)
+	if _, err := nc.Write(frames); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 5*time.Millisecond, statsCheck(s, "WriteQueueBytes", 1, func(st ServerStats) int64 { return st.WriteQueueBytes }))
+	checkFor(t, 5*time.Second, 5*time.Millisecond, statsCheck(s, "Active", 0, func(st ServerStats) int64 { return st.Active }))
+	t.Logf("%d of %d requests served, %d oneway", served.Load(), n, oneway.Load())
+	if got, most := served.Load(), int64(2*bound/body+2); got > most {
+		t.Errorf("%d of %d requests served for a peer that never reads; want at most %d", got, n, most)
+	}
+}
+
 // captureHandler records log messages.
 type captureHandler struct {
 	mu   sync.Mutex

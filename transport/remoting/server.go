@@ -738,6 +738,18 @@ func (s *Server) countClose(sc *ServerConn, rerr error) {
 	s.limitHit(k, sc.RemoteAddr(), args...)
 }
 
+// cutForOutput reports whether c is closed because its peer did not read
+// its output (ErrWriteQueueBytes, ErrWriteQueueFull). It does not block.
+func cutForOutput(c *Conn) bool {
+	select {
+	case <-c.quit:
+	default:
+		return false
+	}
+	err := c.Err()
+	return errors.Is(err, ErrWriteQueueBytes) || errors.Is(err, ErrWriteQueueFull)
+}
+
 // serveInline serves req on the reader goroutine if its processor was
 // registered with HandleInline and no control is registered, and reports
 // whether it did.
@@ -752,6 +764,14 @@ func (s *Server) serveInline(sc *ServerConn, req *protocol.Command) bool {
 // serveRequest runs one request through the controls and its processor.
 func (s *Server) serveRequest(ctx context.Context, sc *ServerConn, req *protocol.Command) {
 	c := sc.Conn
+	if !req.IsOneway() && cutForOutput(c) {
+		// The peer was cut for not reading its responses: no answer can
+		// reach it. Requests it had sent before are skipped rather than
+		// served for nothing (a pull reads and encodes its messages
+		// first); handler goroutines already queued would otherwise keep
+		// the cores busy long after the cut.
+		return
+	}
 	c.handling.Add(1)
 	rc := &RequestCtx{req: req, conn: sc}
 	resp, err := s.process(ctx, rc)
