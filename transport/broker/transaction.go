@@ -974,17 +974,29 @@ func (t *transactions) run(ctx context.Context) {
 	}
 }
 
-// readHalves returns copies of up to txBatch half messages from offset,
-// and the offset after the scanned range.
-func (t *transactions) readHalves(from int64) ([]protocol.MessageExt, int64, error) {
-	var out []protocol.MessageExt
+// scannedHalf is a half message a check round read: ended when its
+// outcome was known in memory (m is then left empty), else a copy of it.
+type scannedHalf struct {
+	off   int64
+	ended bool
+	m     protocol.MessageExt
+}
+
+// readHalves returns up to txBatch half messages from offset (copies of
+// those not known to have ended), and the offset after the scanned range.
+func (t *transactions) readHalves(from int64) ([]scannedHalf, int64, error) {
+	var out []scannedHalf
 	next, err := t.b.store.Get(topicTransHalf, 0, from, txBatch, 0, func(rec []byte, _ int64) bool {
 		m, _, err := protocol.DecodeRecord(rec)
 		if err != nil {
 			t.log.Error("broker: skipping undecodable half message", "err", err)
 			return true
 		}
-		out = append(out, m.Clone())
+		if st, ok := t.knownState(m.QueueOffset); ok && st != txPending {
+			out = append(out, scannedHalf{off: m.QueueOffset, ended: true})
+			return true
+		}
+		out = append(out, scannedHalf{off: m.QueueOffset, m: m.Clone()})
 		return true
 	})
 	return out, next, err
@@ -1010,10 +1022,13 @@ scan:
 			break
 		}
 		for i := range msgs {
-			m := &msgs[i]
-			ended, stop, err := t.checkOne(ctx, m, now)
+			h := &msgs[i]
+			ended, stop, err := h.ended, false, error(nil)
+			if !ended {
+				ended, stop, err = t.checkOne(ctx, &h.m, now)
+			}
 			if err != nil {
-				roundErr = errors.Join(roundErr, fmt.Errorf("half message %d: %w", m.QueueOffset, err))
+				roundErr = errors.Join(roundErr, fmt.Errorf("half message %d: %w", h.off, err))
 				contiguous = false
 				continue
 			}
@@ -1023,7 +1038,7 @@ scan:
 			if !ended {
 				contiguous = false
 			} else if contiguous {
-				progress = m.QueueOffset + 1
+				progress = h.off + 1
 			}
 		}
 		if contiguous {
