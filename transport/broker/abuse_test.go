@@ -31,11 +31,13 @@ const envAbuseFull = "RUNNEL_ABUSE_FULL"
 
 // envAbuseLatency makes TestBrokerAbuse fail when the healthy client's p99
 // under attack exceeds 2x its baseline. Off by default: on a shared two-core
-// machine the attackers run in the test process, on the same cores and in
-// the same Go scheduler as the broker and the healthy client, and the ratio
-// varies from run to run with the machine's load (see the logged figures:
-// the waking of the parked pulls, legitimate work a reading consumer would
-// cause too, is the phase that misses it).
+// machine the attackers' process and other work share the cores with the
+// broker, and the baseline's own p99 varies about 2x from run to run. At
+// the full counts the bound held in 3 of 3 runs without -race (1.3x-1.8x)
+// and 7 of 7 with -race (0.5x-1.7x), but with -race the healthy client
+// still stalls for up to 0.4-0.8 s while the parked pulls of the
+// non-reading clients are woken and served (work a reading consumer would
+// cause too): the logged max and missing sends show it, the p99 does not.
 const envAbuseLatency = "RUNNEL_ABUSE_LATENCY"
 
 // abuseCounts sizes TestBrokerAbuse.
@@ -173,6 +175,10 @@ func TestBrokerAbuse(t *testing.T) {
 	}
 	markNow("pullers cut")
 	heapCut := h.liveHeap() // live heap once the pullers were cut
+	// The live heap with the slow connections holding their partial
+	// frames, just before the first-frame deadline cuts them.
+	waitUntilTime(attackStart.Add(firstFrame - time.Second))
+	heapHeld := h.liveHeap()
 
 	// The slow ones are cut by the first-frame deadline, the idle ones by
 	// the idle timeout.
@@ -231,9 +237,9 @@ func TestBrokerAbuse(t *testing.T) {
 		t.Logf("  %-14s -> %-13s at %6v: %s", marks[i-1].name, marks[i].name,
 			marks[i].at.Sub(attackStart).Round(time.Millisecond), latencySummary(win, marks[i].at.Sub(marks[i-1].at)))
 	}
-	t.Logf("live heap: before %.1f MiB, every connection open %.1f MiB, pullers cut %.1f MiB, after %.1f MiB; "+
+	t.Logf("live heap: before %.1f MiB, every connection open %.1f MiB, pullers cut %.1f MiB, slow and idle held %.1f MiB, after %.1f MiB; "+
 		"largest HeapAlloc sampled (garbage included) %.1f MiB",
-		mib(heapBefore), mib(heapOpen), mib(heapCut), mib(heapAfter), mib(peak.Load()))
+		mib(heapBefore), mib(heapOpen), mib(heapCut), mib(heapHeld), mib(heapAfter), mib(peak.Load()))
 	t.Logf("process RSS (broker and healthy client): before %.1f MiB, largest sampled %.1f MiB, after %.1f MiB",
 		mib(rssBefore), mib(peakRSS.Load()), mib(rssAfter))
 	p99b, p99a := percentile(base, 990), percentile(attack, 990)
@@ -249,7 +255,7 @@ func TestBrokerAbuse(t *testing.T) {
 	// writer, 32 KiB each) plus each puller's bounded output, with slack.
 	open := uint64(n.slow + n.idle + n.pullers)
 	limit := heapBefore + open*96<<10 + uint64(n.pullers)*2*outBound + 32<<20
-	for name, h := range map[string]uint64{"every connection open": heapOpen, "pullers cut": heapCut} {
+	for name, h := range map[string]uint64{"every connection open": heapOpen, "pullers cut": heapCut, "slow and idle held": heapHeld} {
 		if h > limit {
 			t.Errorf("live heap with %s: %.1f MiB, above the bound %.1f MiB", name, mib(h), mib(limit))
 		}
