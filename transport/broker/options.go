@@ -361,8 +361,10 @@ func WithRegisterInterval(d time.Duration) Option {
 // remoting.WithMaxConnsPerIP (1,000 per remote IP), remoting.WithFirstFrameTimeout
 // (10 s from accept to the first complete frame), remoting.WithIdleTimeout
 // (120 s without a frame), remoting.WithWriteQueueFrames (4,096) and
-// remoting.WithMaxQueuedBytes (32 MiB) of responses queued for a client that
-// does not read, remoting.WithWriteTimeout (30 s per socket write) and
+// remoting.WithMaxQueuedBytes (32 MiB) of responses queued, or taken by the
+// socket but unacknowledged, for a client that does not read (it is cut
+// there, and the requests it had already sent are not served),
+// remoting.WithWriteTimeout (30 s per socket write) and
 // remoting.WithMaxFrameSize (16 MiB). Parked pulls are bounded by
 // WithLongPolling and message bodies by WithMaxMessageSize. Broker.ServerStats
 // counts the connections each limit refused or closed.
