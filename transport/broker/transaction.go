@@ -54,7 +54,9 @@ import (
 // is the half message's physical offset). Both forms are read, so stores
 // written before the compact form, and commits that took the store path,
 // are read alike. A final message already carrying the maximum number of
-// index keys gets an op record as before.
+// index keys gets an op record as before. One edge differs: deleting the
+// real topic deletes the key with the final message, so a repeated commit
+// after that finds the half message pending again.
 //
 // # Check-back
 //
@@ -209,11 +211,11 @@ type transactions struct {
 		pendingFrom int64
 	}
 
-	// halves holds the records of half messages stored by this process
-	// and not ended yet (see the file comment).
 	// ends pools the END_TRANSACTIONs in store rounds (pendingEnd).
 	ends sync.Pool
 
+	// halves holds the records of half messages stored by this process
+	// and not ended yet (see the file comment).
 	halves struct {
 		sync.Mutex
 		recs  map[int64][]byte // by physical offset
