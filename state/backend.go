@@ -867,12 +867,19 @@ func (c *readCache) reset() {
 // put records key's committed value (key and val are copied; ok false:
 // absent) and returns 1 + its slot (0: not cached).
 func (c *readCache) put(key string, val []byte, ok bool) uint32 {
+	slot, _ := c.add(key, val, ok)
+	return slot
+}
+
+// add is put that also reports whether it added a new entry (which points
+// at no current layer entry).
+func (c *readCache) add(key string, val []byte, ok bool) (uint32, bool) {
 	if c.limit <= 0 {
-		return 0
+		return 0, false
 	}
 	if i, had := c.index[key]; had {
 		c.set(i, val, ok)
-		return i + 1
+		return i + 1, false
 	}
 	if c.index == nil || c.bytes > c.limit {
 		c.reset()
@@ -884,7 +891,7 @@ func (c *readCache) put(key string, val []byte, ok bool) uint32 {
 	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = i
 	c.ents = append(c.ents, cacheEntry{val: c.arena.copy(val), ok: ok})
 	c.bytes += int64(len(key)+len(val)) + 64
-	return i + 1
+	return i + 1, true
 }
 
 // set overwrites slot i's value.
@@ -916,8 +923,9 @@ func (c *readCache) merge(l, cur *layer) {
 		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= len(c.ents):
 			c.set(e.cslot-1, e.val, !e.del)
 		default:
-			if slot := c.put(e.key, e.val, !e.del); slot != 0 && cur != nil {
-				// The current layer may have the key again.
+			if slot, added := c.add(e.key, e.val, !e.del); added && cur != nil {
+				// A new cache entry (an existing one already points
+				// right): the current layer may have the key again.
 				if j, ok := cur.index[e.key]; ok {
 					ce := &c.ents[slot-1]
 					ce.cur, ce.serial = j+1, cur.serial
