@@ -743,10 +743,11 @@ func (pe *pendingEnd) release() {
 // run).
 func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bool) error {
 	b := pe.t.b
-	var ck string
+	var finalKeys []string // the final message's keys, commitKey included
 	if commit {
-		if n := len(appendIndexKeys(pe.keys[0][:0], msgs[0].Properties)); n < store.MaxKeysPerMessage {
-			ck = commitKey(pe.half.QueueOffset)
+		finalKeys = appendIndexKeys(pe.keys[0][:0], msgs[0].Properties)
+		if len(finalKeys) < store.MaxKeysPerMessage {
+			finalKeys = append(finalKeys, commitKey(pe.half.QueueOffset))
 		} else {
 			msgs = append(msgs[:1:1], pe.t.opRecord(pe.half.QueueOffset, txCommitted))
 		}
@@ -768,9 +769,9 @@ func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bo
 	for i, m := range msgs {
 		// Each message's keys on their own: the per-message cap must not
 		// count the keys of the message before.
-		keys := appendIndexKeys(pe.keys[i][:0], m.Properties)
-		if i == 0 && ck != "" {
-			keys = append(keys, ck)
+		keys := finalKeys
+		if i > 0 || !commit {
+			keys = appendIndexKeys(pe.keys[i][:0], m.Properties)
 		}
 		pe.puts[i] = store.PutMessage{
 			Topic:             m.Topic,
