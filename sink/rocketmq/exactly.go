@@ -91,11 +91,7 @@ import (
 // broker's discard window (WithDiscardWindow: transaction timeout + check
 // max × check interval) is rolled back and sent again before it is
 // pre-committed, so the broker never discards half messages a checkpoint
-// will list (if that rollback fails, the job fails with ErrEpochTooOld).
-// That is done at most twice per epoch: an epoch too old again after that
-// (sends or checkpoints slower than the window allows, where each re-send
-// only delays the checkpoint more) is left as it is, with a warning, and is
-// covered like a pause after pre-commit, below. If
+// will list (if that rollback fails, the job fails with ErrEpochTooOld). If
 // a commit nevertheless finds half messages discarded (the process was
 // paused past the window between pre-commit and commit), the sink sends
 // those records again from memory as new half messages and commits each at
@@ -344,9 +340,7 @@ const chunkSize = 1024
 type epochTxn struct {
 	epoch  uint64
 	tag    string    // epoch in decimal (PropEpoch)
-	first  time.Time // first Write (or the start of its latest re-send)
-	resent int       // times refresh sent the epoch again
-	gaveUp bool      // refresh warned that it sends the epoch no more
+	first  time.Time // first Write
 	n      int
 	chunks []*[chunkSize]slot
 	desc   []byte   // set by PreCommit
@@ -625,36 +619,15 @@ func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
 	s.queue <- sendReq{ep: ep, sl: sl} // never blocks: the sem token reserved room
 }
 
-// maxResends bounds how many times refresh sends one epoch again. An epoch
-// that is too old once more after that is not saved by sending it again:
-// the sends, or the checkpoints, are slower than the discard window allows,
-// and each re-send (a rollback and a send of every record, on the task
-// goroutine's watch) delays the checkpoint further, so re-sending would go
-// on, each time longer, until something else failed.
-const maxResends = 2
-
 // refresh replaces the half messages of the open epoch when it has been
 // open for three quarters of the discard window (the process was paused,
 // or a checkpoint took that long): it rolls them all back (a half message
 // the broker discarded counts as rolled back) and sends the epoch's records
 // again as new half messages, so that none of them can be lost to the
 // broker's discard. If the rollback fails the sink fails (ErrEpochTooOld).
-// After maxResends it warns once and leaves the epoch as it is: half
-// messages the broker discards before the commit are then sent again by the
-// commit, from memory (after a crash in between, the restart's commit fails
-// with ErrDiscarded, naming them).
 func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 	age, old := s.tooOld(ep.first)
 	if !old {
-		return nil
-	}
-	if ep.resent >= maxResends {
-		if !ep.gaveUp {
-			ep.gaveUp = true
-			s.log.Warn("rocketmq sink: epoch too old for the broker's discard window again after being sent again; not sending it again "+
-				"(the commit sends discarded records again; checkpoint more often or lengthen the broker's transaction timeout)",
-				"group", s.group, "epoch", ep.epoch, "age", age, "window", s.cfg.discardWindow, "records", ep.n, "resent", ep.resent)
-		}
 		return nil
 	}
 	if err := s.drain(ctx); err != nil {
@@ -674,7 +647,6 @@ func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 			ErrEpochTooOld, ep.epoch, age.Round(time.Millisecond), s.cfg.discardWindow, err))
 	}
 	ep.first = time.Now()
-	ep.resent++
 	for i := range ep.n {
 		select {
 		case s.sem <- struct{}{}:

@@ -301,48 +301,6 @@ func TestExactlyOnceDiscardWindow(t *testing.T) {
 	}
 }
 
-// TestExactlyOnceResendBounded: an open epoch is sent again at most
-// maxResends times; too old once more, it is left as it is (no rollback and
-// re-send at every Write) and still commits every record exactly once, in
-// order.
-func TestExactlyOnceResendBounded(t *testing.T) {
-	ctx := context.Background()
-	cl := newCluster(t)
-	cl.createTopic("eo_resend", 2)
-	window := 40 * time.Millisecond
-	s := newEO(t, cl, TxGroup("job", "resend"), "eo_resend", WithDiscardWindow(window))
-	if err := s.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Write(ctx, keyed{Key: "k", Seq: 0}); err != nil {
-		t.Fatal(err)
-	}
-	const writes = maxResends + 3
-	for i := 1; i < writes; i++ {
-		time.Sleep(window) // let the epoch age (the condition under test is elapsed time)
-		if err := s.Write(ctx, keyed{Key: "k", Seq: i}); err != nil {
-			t.Fatalf("write %d: %v", i, err)
-		}
-		if want := min(i, maxResends); s.open.resent != want {
-			t.Fatalf("after write %d the epoch was sent again %d times, want %d", i, s.open.resent, want)
-		}
-	}
-	if !s.open.gaveUp {
-		t.Fatal("no warning that the epoch is not sent again")
-	}
-	txn, err := s.PreCommit(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(ctx, txn); err != nil {
-		t.Fatal(err)
-	}
-	checkOnceInOrder(t, cl.readTopic("eo_resend"), 1, writes)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestExactlyOnceOptionsValidated(t *testing.T) {
 	cl := newCluster(t)
 	m := keyedMapper("t")
