@@ -93,7 +93,6 @@ type Backend struct {
 	spare     *layer
 	held      *layer
 	heldUntil uint64
-	serials   uint32 // the last current layer's serial
 	// cache holds committed values: its entries equal the store's (every
 	// newer change is in frozen or cur), so the first read of a key after
 	// a checkpoint costs a map lookup instead of a Pebble read. Committed
@@ -131,7 +130,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 	if cfg.kgStart < 0 || cfg.kgStart > cfg.kgEnd || cfg.kgEnd > maxParallelism {
 		return nil, fmt.Errorf("%w: key group range [%d, %d) of %d", ErrInvalid, cfg.kgStart, cfg.kgEnd, maxParallelism)
 	}
-	b := &Backend{
+	return &Backend{
 		store:  store,
 		reader: store.NewStateReader(operatorUID),
 		uid:    operatorUID,
@@ -141,15 +140,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 		cache:  readCache{limit: cfg.cacheSize},
 		states: map[string]string{},
 		ttl:    map[string]*stateConfig{},
-	}
-	b.makeCurrent(b.cur)
-	return b, nil
-}
-
-// makeCurrent links l, the new current layer, to the read cache.
-func (b *Backend) makeCurrent(l *layer) {
-	b.serials++
-	l.cache, l.serial = &b.cache, b.serials
+	}, nil
 }
 
 // OperatorUID returns the operator the backend belongs to.
@@ -232,31 +223,6 @@ func appendLayerKey(dst []byte, kg uint16, parts ...[]byte) []byte {
 // get reads a layer key through the layers and the store. The returned
 // slice is valid until the next backend call.
 func (b *Backend) get(key []byte) ([]byte, bool, error) {
-	// A key with a cache entry: the entry says whether (and where) the
-	// current layer has it, unless a range deletion in the current layer
-	// may mask it.
-	if cur := b.cur; len(cur.ranges) == 0 && b.cache.index != nil {
-		if i, hit := b.cache.index[unsafeString(key)]; hit {
-			ce := &b.cache.ents[i]
-			if ce.serial == cur.serial && ce.cur != 0 {
-				cur.memo = int32(ce.cur - 1)
-				return entryVal(&cur.ents[ce.cur-1])
-			}
-			if invariants.Enabled {
-				if _, in := cur.index[string(key)]; in {
-					panic("state: the read cache does not point at a key of the current layer")
-				}
-			}
-			for j := len(b.frozen) - 1; j >= 0; j-- {
-				if e, masked := b.frozen[j].lookup(key); e != nil || masked {
-					cur.noteMiss(key, i+1, b.cache.gen)
-					return entryVal(e)
-				}
-			}
-			cur.noteMiss(key, i+1, b.cache.gen)
-			return ce.val, ce.ok, nil
-		}
-	}
 	if e, masked := b.cur.lookup(key); e != nil || masked {
 		return entryVal(e)
 	}
@@ -420,14 +386,12 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 	b.expireCurrent()
 	b.cur.id = id
 	b.frozen = append(b.frozen, b.cur)
-	b.cur.cache = nil
 	if b.spare != nil {
 		b.cur, b.spare = b.spare, nil
 		b.cur.reuse()
 	} else {
 		b.cur = newLayer(len(b.frozen[len(b.frozen)-1].index))
 	}
-	b.makeCurrent(b.cur)
 	return &part{uid: b.uid, layers: slices.Clone(b.frozen)}
 }
 
@@ -471,7 +435,7 @@ func (b *Backend) Committed(id uint64) {
 		b.checkDurable(b.frozen[n-1])
 	}
 	for _, l := range b.frozen[:n] {
-		b.cache.merge(l, b.cur)
+		b.cache.merge(l)
 	}
 	b.release(id)
 	if n > 0 && len(b.frozen[n-1].ents) <= maxLayerHint {
@@ -818,24 +782,6 @@ type readCache struct {
 type cacheEntry struct {
 	val []byte
 	ok  bool
-	// cur is 1 + the index of the key's entry in the current layer whose
-	// serial is serial (0, or another serial: the current layer does not
-	// have the key).
-	cur, serial uint32
-}
-
-// pointCur records that the current layer (serial) holds key at entry idx:
-// slot is 1 + key's slot if known for generation gen.
-func (c *readCache) pointCur(key string, slot, gen, idx, serial uint32) {
-	if slot == 0 || gen != c.gen || int(slot) > len(c.ents) {
-		i, ok := c.index[key]
-		if !ok {
-			return
-		}
-		slot = i + 1
-	}
-	e := &c.ents[slot-1]
-	e.cur, e.serial = idx+1, serial
 }
 
 // get returns key's cached value.
@@ -867,19 +813,12 @@ func (c *readCache) reset() {
 // put records key's committed value (key and val are copied; ok false:
 // absent) and returns 1 + its slot (0: not cached).
 func (c *readCache) put(key string, val []byte, ok bool) uint32 {
-	slot, _ := c.add(key, val, ok)
-	return slot
-}
-
-// add is put that also reports whether it added a new entry (which points
-// at no current layer entry).
-func (c *readCache) add(key string, val []byte, ok bool) (uint32, bool) {
 	if c.limit <= 0 {
-		return 0, false
+		return 0
 	}
 	if i, had := c.index[key]; had {
 		c.set(i, val, ok)
-		return i + 1, false
+		return i + 1
 	}
 	if c.index == nil || c.bytes > c.limit {
 		c.reset()
@@ -891,7 +830,7 @@ func (c *readCache) add(key string, val []byte, ok bool) (uint32, bool) {
 	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = i
 	c.ents = append(c.ents, cacheEntry{val: c.arena.copy(val), ok: ok})
 	c.bytes += int64(len(key)+len(val)) + 64
-	return i + 1, true
+	return i + 1
 }
 
 // set overwrites slot i's value.
@@ -909,7 +848,7 @@ func (c *readCache) set(i uint32, val []byte, ok bool) {
 
 // merge applies a committed layer: its puts and deletions become the
 // cached values; a range deletion empties the cache first.
-func (c *readCache) merge(l, cur *layer) {
+func (c *readCache) merge(l *layer) {
 	if c.limit <= 0 {
 		return
 	}
@@ -923,14 +862,7 @@ func (c *readCache) merge(l, cur *layer) {
 		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= len(c.ents):
 			c.set(e.cslot-1, e.val, !e.del)
 		default:
-			if slot, added := c.add(e.key, e.val, !e.del); added && cur != nil {
-				// A new cache entry (an existing one already points
-				// right): the current layer may have the key again.
-				if j, ok := cur.index[e.key]; ok {
-					ce := &c.ents[slot-1]
-					ce.cur, ce.serial = j+1, cur.serial
-				}
-			}
+			c.put(e.key, e.val, !e.del)
 		}
 	}
 }

@@ -29,13 +29,6 @@ type layer struct {
 	missOK   bool
 	missSlot uint32
 	missGen  uint32
-	// cache is the backend's read cache while the layer is the current
-	// one (nil once frozen): insert points the key's cache entry at its
-	// entry here, tagged with serial (unique per backend and current
-	// layer), so that a read finds a key of the current layer with one
-	// lookup, in the cache (see Backend.get).
-	cache  *readCache
-	serial uint32
 	// ranges are range deletions as sorted, non-overlapping [from, to)
 	// layer-key intervals; they mask older layers and the store. A key put
 	// after a range deletion is in index and wins over the range.
@@ -200,12 +193,8 @@ func (l *layer) del(key []byte) {
 func (l *layer) insert(key []byte, e entry) {
 	l.missOK = false
 	k := unsafeString(l.arena.copy(key))
-	idx := uint32(len(l.ents))
-	l.memo = int32(idx)
-	l.index[k] = idx
-	if c := l.cache; c != nil {
-		c.pointCur(k, e.cslot, e.cgen, idx, l.serial)
-	}
+	l.memo = int32(len(l.ents))
+	l.index[k] = uint32(len(l.ents))
 	e.key = k
 	l.ents = append(l.ents, e)
 	l.tail = append(l.tail, k)
