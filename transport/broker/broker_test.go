@@ -539,6 +539,30 @@ func TestBrokerViewAndQuery(t *testing.T) {
 	if got := queryKey("nope", false); got != nil {
 		t.Fatalf("query nope: %+v", got)
 	}
+
+	// A batch of 100 messages with two keys each (more keys than one message
+	// may index, taken together): every item is found by each of its keys.
+	var body []byte
+	for i := range 100 {
+		var err error
+		body, err = protocol.AppendBatchItem(body, 0, []byte("batch-"+itoa(i)), props("KEYS", "bk-"+itoa(i)+" bk-all"))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	bh := protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: topic, DefaultTopic: topicDefault,
+		DefaultTopicQueueNums: 2, QueueID: 0, BornTimestamp: time.Now().UnixMilli(), Batch: protocol.Some(true)}
+	req = protocol.NewRequest(protocol.ReqSendBatchMessage)
+	bh.Encode(req)
+	req.Body = body
+	if resp := invoke(t, c, req); resp.Code != protocol.ResSuccess {
+		t.Fatalf("batch send: code %d %s", resp.Code, resp.Remark)
+	}
+	for i := range 100 {
+		if got := queryKey("bk-"+itoa(i), false); len(got) != 1 || string(got[0].Body) != "batch-"+itoa(i) {
+			t.Fatalf("query batch item %d by its key: %d messages", i, len(got))
+		}
+	}
 }
 
 // TestBrokerAdmin covers topic and group administration.

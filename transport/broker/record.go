@@ -50,8 +50,9 @@ func tagsCode(props string) int64 {
 // space-separated KEYS value and the UNIQ_KEY. Keys the store would refuse
 // (too long) are skipped; the count is capped.
 func appendIndexKeys(dst []string, props string) []string {
+	base := len(dst) // dst may hold earlier messages' keys (a batch)
 	add := func(k string) {
-		if k != "" && len(k) <= store.MaxNameLen && len(dst) < store.MaxKeysPerMessage {
+		if k != "" && len(k) <= store.MaxNameLen && len(dst)-base < store.MaxKeysPerMessage {
 			dst = append(dst, k)
 		}
 	}
