@@ -102,7 +102,7 @@ restarted. --max-batch-messages and --max-batch-bytes bound one batch send.`,
 	fl.StringVar(&f.namesrvListen, "namesrv-listen", namesrv.DefaultListenAddr, "name server listen address host:port")
 	fl.StringVar(&f.namesrv, "namesrv", "", `name server addresses the broker registers with, ";"-separated (default: the embedded one)`)
 	fl.StringVar(&f.dataDir, "data", "", "data directory (default: runnel/broker under the user cache directory)")
-	fl.StringVar(&f.flush, "flush", "sync", "flush mode: sync (acknowledge after fsync, group commit) or async")
+	fl.StringVar(&f.flush, "flush", "sync", "flush mode: sync (acknowledge after fsync, group commit) or async (fsync every 500 ms; a crash, even kill -9, can lose the last acknowledged messages)")
 	fl.BoolVar(&f.autoCreate, "auto-create", true, "create topics on first send through the default topic TBW102")
 	fl.StringVar(&f.brokerName, "broker-name", broker.DefaultBrokerName, "broker name")
 	fl.StringVar(&f.cluster, "cluster", broker.DefaultClusterName, "cluster name")

@@ -69,8 +69,11 @@ const (
 	// concurrent sends share one fsync (group commit).
 	FlushSync FlushMode = iota
 	// FlushAsync answers once the message is readable; the store fsyncs in
-	// the background. A machine crash can lose the last few hundred
-	// milliseconds of acknowledged messages. A failed WAL write or fsync
+	// the background (every 500 ms). A machine crash can lose the last few
+	// hundred milliseconds of acknowledged messages; a process crash
+	// (kill -9) can too, up to the 32 KiB the store's WAL writer buffers in
+	// memory between syncs (RocketMQ's ASYNC flush loses nothing on a
+	// process crash: use FlushSync where that matters). A failed WAL write or fsync
 	// makes the broker refuse sends ([STORE_FAILED]) until it restarts, as
 	// in FlushSync mode; the messages acknowledged since the last fsync may
 	// then be lost as in a machine crash.

@@ -78,9 +78,13 @@ const (
 	// FlushAsync: Put returns once its messages are applied (readable); the
 	// WAL is fsynced in the background every Options.SyncInterval. A machine
 	// crash or power loss can lose the Puts of the last SyncInterval (plus
-	// the time of one fsync); a process crash (kill -9) can lose only what
-	// Pebble had not yet handed to the OS, normally nothing or the last few
-	// milliseconds. Lost messages' offsets are reused after restart.
+	// the time of one fsync). A process crash (kill -9) can lose what Pebble
+	// had not yet handed to the OS: its WAL writer keeps the current 32 KiB
+	// block in memory until the block fills or the next background sync, so
+	// at most about 32 KiB of records, all acknowledged within the last
+	// SyncInterval (RocketMQ's ASYNC flush, writing to the page cache, loses
+	// nothing on a process crash). Lost messages' offsets are reused after
+	// restart.
 	//
 	// A failed WAL write or fsync (disk full, I/O error) makes the store
 	// fail, as in FlushSync mode: writes get ErrFailed from then on (also
