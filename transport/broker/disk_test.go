@@ -113,21 +113,37 @@ func produceUntilRefused(t *testing.T, addr, topic string, bodySize int, stop fu
 // checkAcked pulls every acknowledged message back by queue and offset.
 func checkAcked(t *testing.T, c *remoting.Conn, topic string, acked []ackedMsg) {
 	t.Helper()
+	checkAckedTail(t, c, topic, acked, false)
+}
+
+// checkAckedTail is checkAcked that, with lossyTail, accepts an
+// acknowledged message missing at the end of its queue (at or past the
+// queue's max offset), as an ASYNC-mode WAL failure may lose what was
+// acknowledged since the last fsync; it returns how many were missing.
+// A message below the max offset must still be there, unchanged.
+func checkAckedTail(t *testing.T, c *remoting.Conn, topic string, acked []ackedMsg, lossyTail bool) (missing int) {
+	t.Helper()
 	for _, a := range acked {
 		r := pull(t, c, pullArgs{topic: topic, queue: a.queue, offset: a.off, max: 1})
+		if lossyTail && len(r.msgs) == 0 && a.off >= r.h.MaxOffset {
+			missing++
+			continue
+		}
 		if r.code != protocol.ResSuccess || len(r.msgs) != 1 || string(r.msgs[0].Body) != a.body ||
 			r.msgs[0].QueueOffset != a.off {
 			t.Fatalf("acknowledged message %d/%d lost: code %d, %d messages", a.queue, a.off, r.code, len(r.msgs))
 		}
 	}
+	return missing
 }
 
 // TestSendFailedFsync fails the broker's WAL fsyncs under four producers,
 // in both flush modes: each send is answered within a second, either
 // SEND_OK or SERVICE_NOT_AVAILABLE "[STORE_FAILED]…"; the failed fsync is
 // never retried; the broker goes on serving reads; after a restart every
-// acknowledged message is there (in ASYNC mode because the injected
-// failure leaves the written WAL in the page cache) and sends work again.
+// acknowledged message is there (in ASYNC mode but for a tail of each
+// queue, acknowledged since the last fsync, that the store's WAL writer
+// held in memory) and sends work again.
 func TestSendFailedFsync(t *testing.T) {
 	for _, mode := range []FlushMode{FlushSync, FlushAsync} {
 		name := map[FlushMode]string{FlushSync: "sync", FlushAsync: "async"}[mode]
@@ -182,7 +198,8 @@ func testSendFailedFsync(t *testing.T, mode FlushMode) {
 	b = newStartedBroker(t, WithDataDir(dir))
 	defer b.Close()
 	c = dial(t, b.Addr())
-	checkAcked(t, c, "Disk", acked)
+	missing := checkAckedTail(t, c, "Disk", acked, mode == FlushAsync)
+	t.Logf("after the restart: %d of %d acknowledged messages missing at their queues' ends", missing, len(acked))
 	send(t, c, "Disk", 0, []byte("after restart"), "")
 }
 
