@@ -4,7 +4,7 @@
 GO       ?= go
 TAGS     ?= invariants
 # Nested modules (each has its own go.mod); the root module is ".".
-MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -not -path './.git/*' | sort))
+MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -not -path './.git/*' -not -path './.bench/*' | sort))
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
