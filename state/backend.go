@@ -223,17 +223,7 @@ func appendLayerKey(dst []byte, kg uint16, parts ...[]byte) []byte {
 // get reads a layer key through the layers and the store. The returned
 // slice is valid until the next backend call.
 func (b *Backend) get(key []byte) ([]byte, bool, error) {
-	if e, masked := b.cur.lookup(key); e != nil || masked {
-		return entryVal(e)
-	}
-	for i := len(b.frozen) - 1; i >= 0; i-- {
-		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
-			b.cur.noteMiss(key, 0, 0)
-			return entryVal(e)
-		}
-	}
-	if v, ok, slot, hit := b.cache.getSlot(key); hit {
-		b.cur.noteMiss(key, slot, b.cache.gen)
+	if v, ok, known := b.getMem(key); known {
 		return v, ok, nil
 	}
 	var ok bool
@@ -247,11 +237,34 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 	return b.rbuf, ok, nil
 }
 
-func entryVal(e *entry) ([]byte, bool, error) {
-	if e == nil || e.del {
-		return nil, false, nil
+// getMem is get as far as memory knows: the write-back layers, then the
+// read cache. known false means that only the store can tell. A key the
+// current layer lacks is noted as its miss (layer.noteMiss), so that a Set
+// after the Get inserts without another lookup.
+func (b *Backend) getMem(key []byte) (val []byte, ok, known bool) {
+	if e, masked := b.cur.lookup(key); e != nil || masked {
+		return entryVal(e)
 	}
-	return e.val, true, nil
+	for i := len(b.frozen) - 1; i >= 0; i-- {
+		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
+			b.cur.noteMiss(key, 0, 0)
+			return entryVal(e)
+		}
+	}
+	if v, ok, slot, hit := b.cache.getSlot(key); hit {
+		b.cur.noteMiss(key, slot, b.cache.gen)
+		return v, ok, true
+	}
+	return nil, false, false
+}
+
+// entryVal is the value of a layer's entry (nil: masked by a range
+// deletion), known in either case.
+func entryVal(e *entry) ([]byte, bool, bool) {
+	if e == nil || e.del {
+		return nil, false, true
+	}
+	return e.val, true, true
 }
 
 // inCurrent returns the current layer's own put of key, if any.

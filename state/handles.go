@@ -359,11 +359,18 @@ func (m *Map[K, V]) Get(k K) (V, bool, error) {
 	if err != nil || !ok {
 		return zero, false, err
 	}
+	v, err := m.decode(b)
+	return v, err == nil, err
+}
+
+// decode decodes an entry's value.
+func (m *Map[K, V]) decode(b []byte) (V, error) {
 	v, err := m.vc.Decode(b)
 	if err != nil {
-		return zero, false, fmt.Errorf("state: %s: %w", m.h.name, err)
+		var zero V
+		return zero, fmt.Errorf("state: %s: %w", m.h.name, err)
 	}
-	return v, true, nil
+	return v, nil
 }
 
 // Put sets the current key's entry k to v.
