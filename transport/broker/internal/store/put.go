@@ -89,15 +89,25 @@ func (s *Store) Put(ctx context.Context, msgs []PutMessage) ([]PutResult, error)
 // closed store, ctx ended while the queue was full) and done is never
 // called. ctx bounds only the wait for room in the queue.
 func (s *Store) PutAsync(ctx context.Context, msgs []PutMessage, res []PutResult, done func(err error)) error {
-	if len(res) != len(msgs) || done == nil {
-		return fmt.Errorf("%w: PutAsync needs one result slot per message and a callback", ErrInvalid)
-	}
-	r, err := s.newPutRequest(msgs)
+	r, err := s.newAsyncRequest(msgs, res, done)
 	if err != nil {
 		return err
 	}
-	r.res, r.cb = res, done
 	return s.submit(ctx, r)
+}
+
+// newAsyncRequest checks and returns the pooled request of a PutAsync or
+// PutAsyncInline call.
+func (s *Store) newAsyncRequest(msgs []PutMessage, res []PutResult, done func(err error)) (*putRequest, error) {
+	if len(res) != len(msgs) || done == nil {
+		return nil, fmt.Errorf("%w: PutAsync needs one result slot per message and a callback", ErrInvalid)
+	}
+	r, err := s.newPutRequest(msgs)
+	if err != nil {
+		return nil, err
+	}
+	r.res, r.cb = res, done
+	return r, nil
 }
 
 // PutAsyncInline is PutAsync that may commit on the caller's goroutine: in
@@ -113,18 +123,14 @@ func (s *Store) PutAsync(ctx context.Context, msgs []PutMessage, res []PutResult
 // queue, as with PutAsync. Under load (calls queued) the committer's group
 // commit takes every call.
 func (s *Store) PutAsyncInline(ctx context.Context, msgs []PutMessage, res []PutResult, done func(err error)) error {
-	if len(res) != len(msgs) || done == nil {
-		return fmt.Errorf("%w: PutAsync needs one result slot per message and a callback", ErrInvalid)
-	}
-	r, err := s.newPutRequest(msgs)
+	r, err := s.newAsyncRequest(msgs, res, done)
 	if err != nil {
 		return err
 	}
-	r.res, r.cb = res, done
-	if s.opts.FlushMode != FlushAsync || s.queued.Load() != 0 || !s.writeMu.TryLock() {
+	if s.opts.FlushMode != FlushAsync || !s.writeMu.TryLock() {
 		return s.submit(ctx, r)
 	}
-	// Re-checked under writeMu: a call queued meanwhile goes first.
+	// Checked under writeMu: a call queued or in a round goes first.
 	if s.queued.Load() != 0 {
 		s.writeMu.Unlock()
 		return s.submit(ctx, r)
