@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -195,29 +194,12 @@ func produceOrders(ctx context.Context, c *client.Client, samples []etl.Sample, 
 // demoJob is a running child job process.
 type demoJob struct {
 	cmd  *exec.Cmd
-	out  *jobOutput
+	out  *syncbuf.Buffer
 	done chan error
 }
 
-type jobOutput struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *jobOutput) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *jobOutput) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func startDemoJob(exe string, args []string) (*demoJob, error) {
-	j := &demoJob{cmd: exec.Command(exe, args...), out: &jobOutput{}, done: make(chan error, 1)}
+	j := &demoJob{cmd: exec.Command(exe, args...), out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	j.cmd.Stdout, j.cmd.Stderr = j.out, j.out
 	if err := j.cmd.Start(); err != nil {
 		return nil, err

@@ -8,11 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -45,7 +45,7 @@ func TestNamesrvACLAndTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer // written by exec's copying goroutine while the test reads it
+	var stderr syncbuf.Buffer // written by exec's copying goroutine while the test reads it
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestBrokerACLAndTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -360,22 +360,4 @@ func TestBrokerACLAndTLS(t *testing.T) {
 	if strings.Contains(stderr.String(), "registration failed") || strings.Contains(stderr.String(), "unregister failed") {
 		t.Fatalf("registration problems reported:\n%s", stderr.String())
 	}
-}
-
-// lockedBuffer is an io.Writer safe to read while another goroutine writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,13 +11,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/syncbuf"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -198,25 +197,8 @@ func (e *etlEnv) expected() (valid, invalid int64) {
 // etlChild is one run of the child job.
 type etlChild struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type etlRunOpts struct {
@@ -239,7 +221,7 @@ func (e *etlEnv) startChild(t *testing.T, o etlRunOpts) *etlChild {
 	if o.window > 0 {
 		cmd.Env = append(cmd.Env, envETLWindow+"="+o.window.String())
 	}
-	ch := &etlChild{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
+	ch := &etlChild{cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = ch.out, ch.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

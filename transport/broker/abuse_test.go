@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -382,8 +383,8 @@ type attacker struct {
 	t        *testing.T
 	cmd      *exec.Cmd
 	in       io.WriteCloser
-	events   chan [2]string // event, value
-	output   *lockedBuffer  // everything else it printed
+	events   chan [2]string  // event, value
+	output   *syncbuf.Buffer // everything else it printed
 	readDone chan struct{}
 	stopOnce sync.Once
 	waitErr  error
@@ -391,7 +392,7 @@ type attacker struct {
 
 func startAttacker(t *testing.T, addr string) *attacker {
 	t.Helper()
-	a := &attacker{t: t, events: make(chan [2]string, 16), output: &lockedBuffer{}, readDone: make(chan struct{})}
+	a := &attacker{t: t, events: make(chan [2]string, 16), output: &syncbuf.Buffer{}, readDone: make(chan struct{})}
 	a.cmd = exec.Command(os.Args[0], "-test.run=^TestBrokerAbuseAttacker$", "-test.count=1", "-test.v")
 	a.cmd.Env = append(os.Environ(), envAbuseAttacker+"="+addr)
 	a.cmd.Stderr = a.output
@@ -478,30 +479,6 @@ func (a *attacker) stop() {
 			a.t.Errorf("attacker: %v\n%s", a.waitErr, a.output.String())
 		}
 	})
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) WriteString(s string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b.WriteString(s)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestBrokerAbuseAttacker is the attacking process of TestBrokerAbuse
