@@ -118,6 +118,25 @@ func sendReq(topic string, queueID int32, body []byte, props string) *protocol.C
 	return req
 }
 
+// batchReq is a SEND_BATCH_MESSAGE to queue 0 of topic with n items, item
+// i made by item (flag, body, properties).
+func batchReq(tb testing.TB, topic string, n int, item func(i int) (int32, []byte, string)) *protocol.Command {
+	tb.Helper()
+	var body []byte
+	for i := range n {
+		flag, b, props := item(i)
+		var err error
+		if body, err = protocol.AppendBatchItem(body, flag, b, props); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	req := protocol.NewRequest(protocol.ReqSendBatchMessage)
+	(&protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: topic, DefaultTopic: topicDefault,
+		DefaultTopicQueueNums: 4, QueueID: 0, BornTimestamp: time.Now().UnixMilli(), Batch: protocol.Some(true)}).Encode(req)
+	req.Body = body
+	return req
+}
+
 // send sends one message and requires success.
 func send(tb testing.TB, c *remoting.Conn, topic string, queueID int32, body []byte, props string) protocol.SendMessageResponseHeader {
 	tb.Helper()

@@ -133,20 +133,9 @@ func TestBrokerSendVariants(t *testing.T) {
 	}
 
 	// Batch: 5 items in one atomic put with consecutive offsets.
-	var body []byte
-	for i := range 5 {
-		var err error
-		body, err = protocol.AppendBatchItem(body, int32(i), []byte("b"+itoa(i)), props("TAGS", "T"+itoa(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	bh := protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: topic, DefaultTopic: topicDefault,
-		DefaultTopicQueueNums: 2, QueueID: 0, BornTimestamp: time.Now().UnixMilli(), Batch: protocol.Some(true)}
-	req = protocol.NewRequest(protocol.ReqSendBatchMessage)
-	bh.Encode(req)
-	req.Body = body
-	resp = invoke(t, c, req)
+	resp = invoke(t, c, batchReq(t, topic, 5, func(i int) (int32, []byte, string) {
+		return int32(i), []byte("b" + itoa(i)), props("TAGS", "T"+itoa(i))
+	}))
 	if resp.Code != protocol.ResSuccess || rh.Decode(resp) != nil {
 		t.Fatalf("batch send: code %d %s", resp.Code, resp.Remark)
 	}
@@ -542,19 +531,9 @@ func TestBrokerViewAndQuery(t *testing.T) {
 
 	// A batch of 100 messages with two keys each (more keys than one message
 	// may index, taken together): every item is found by each of its keys.
-	var body []byte
-	for i := range 100 {
-		var err error
-		body, err = protocol.AppendBatchItem(body, 0, []byte("batch-"+itoa(i)), props("KEYS", "bk-"+itoa(i)+" bk-all"))
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	bh := protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: topic, DefaultTopic: topicDefault,
-		DefaultTopicQueueNums: 2, QueueID: 0, BornTimestamp: time.Now().UnixMilli(), Batch: protocol.Some(true)}
-	req = protocol.NewRequest(protocol.ReqSendBatchMessage)
-	bh.Encode(req)
-	req.Body = body
+	req = batchReq(t, topic, 100, func(i int) (int32, []byte, string) {
+		return 0, []byte("batch-" + itoa(i)), props("KEYS", "bk-"+itoa(i)+" bk-all")
+	})
 	if resp := invoke(t, c, req); resp.Code != protocol.ResSuccess {
 		t.Fatalf("batch send: code %d %s", resp.Code, resp.Remark)
 	}

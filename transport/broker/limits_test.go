@@ -11,19 +11,9 @@ import (
 
 func batchSendReq(t *testing.T, topic string, n, bodySize int) *protocol.Command {
 	t.Helper()
-	var body []byte
-	for i := range n {
-		var err error
-		body, err = protocol.AppendBatchItem(body, 0, []byte(strings.Repeat("b", bodySize)), props("KEYS", "k"+itoa(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	req := protocol.NewRequest(protocol.ReqSendBatchMessage)
-	(&protocol.SendMessageRequestHeaderV2{ProducerGroup: "pg", Topic: topic, DefaultTopic: topicDefault,
-		DefaultTopicQueueNums: 4, QueueID: 0, Batch: protocol.Some(true)}).Encode(req)
-	req.Body = body
-	return req
+	return batchReq(t, topic, n, func(i int) (int32, []byte, string) {
+		return 0, []byte(strings.Repeat("b", bodySize)), props("KEYS", "k"+itoa(i))
+	})
 }
 
 // TestMaxBatch: a batch within WithMaxBatch is stored; one with too many
