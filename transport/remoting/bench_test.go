@@ -82,7 +82,12 @@ func benchRequest() *protocol.Command {
 // BenchmarkInvokeSync measures one synchronous round trip over loopback
 // (client encode, write, server decode, processor, response, client decode).
 func BenchmarkInvokeSync(b *testing.B) {
-	c := benchServer(b)
+	benchInvokeLoop(b, benchServer(b))
+}
+
+// benchInvokeLoop measures sync round trips of benchRequest on c, one at
+// a time, reporting allocations and CPU per op.
+func benchInvokeLoop(b *testing.B, c *Conn) {
 	req := benchRequest()
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -176,17 +181,7 @@ func BenchmarkRoundTripDirect(b *testing.B) {
 				resp.SetExt("queueOffset", "42")
 				return resp, nil
 			}))
-			c := dialT(b, addr, copts...)
-			ctx := context.Background()
-			req := benchRequest()
-			b.ReportAllocs()
-			cpu0 := cputime.Process()
-			for b.Loop() {
-				if _, err := c.Invoke(ctx, req); err != nil {
-					b.Fatal(err)
-				}
-			}
-			reportCPU(b, cpu0)
+			benchInvokeLoop(b, dialT(b, addr, copts...))
 		})
 	}
 }
