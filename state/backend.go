@@ -611,16 +611,22 @@ func sortedEntries(l *layer) []sortKey {
 		if e.gone {
 			continue
 		}
-		k := e.key
-		var p [8]byte
-		p[0], p[1] = k[0], k[1]
-		copy(p[2:], k[2+lcp:])
-		out = append(out, sortKey{pfx: binary.BigEndian.Uint64(p[:]), key: k, i: uint32(i)})
+		out = append(out, sortKey{pfx: groupPfx(e.key, 2+lcp), key: e.key, i: uint32(i)})
 	}
 	l.sortTmp = slices.Grow(l.sortTmp[:0], len(out))[:len(out)]
 	radixSortKeys(out, l.sortTmp)
 	l.sortBuf = out
 	return out
+}
+
+// groupPfx is the sort prefix of layer key k: its key group, then the 6
+// bytes of k from at on (zero-padded). Ordering by (groupPfx, k) is k's
+// order when the keys share their bytes between the key group and at.
+func groupPfx(k string, at int) uint64 {
+	var p [8]byte
+	p[0], p[1] = k[0], k[1]
+	copy(p[2:], k[at:])
+	return binary.BigEndian.Uint64(p[:])
 }
 
 // radixSortKeys sorts keys by (pfx, key) (tmp is scratch of the same

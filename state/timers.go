@@ -1,12 +1,10 @@
 package state
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"iter"
 	"slices"
-	"strings"
 
 	"github.com/runnel-dev/runnel/internal/invariants"
 )
@@ -59,8 +57,8 @@ type Timers struct {
 	// allocation per chunk, not per timer). A chunk is never written again
 	// once a key is in it, so fired keys (Timer.Key) stay valid; it is
 	// freed when none of its keys is referenced.
-	keys []byte
-	sbuf []timerSortKey // sortKeys' scratch
+	keys       []byte
+	sbuf, stmp []sortKey // sortKeys' scratch
 }
 
 // keyChunk is the size of the chunks timer keys are copied to: small, so
@@ -253,53 +251,26 @@ func (t *Timers) compact(bk *timerBucket) {
 	bk.keys = bk.keys[:bk.next+n]
 }
 
-// timerSortKey is a bucket key to sort: pfx holds its key group and the 6
-// bytes of the key past the part all keys of the bucket share (big-endian,
-// zero-padded), so that most comparisons compare integers.
-type timerSortKey struct {
-	pfx uint64
-	k   string
-}
-
-// sortKeys sorts the layer keys of one bucket. They share the timer name,
-// domain and timestamp, and often the leading bytes of the key (an integer
-// key's zeros): a string comparison would go over those bytes every time.
+// sortKeys sorts the layer keys of one bucket with the checkpoint's sort
+// (radixSortKeys): they share the timer name, domain and timestamp, so the
+// sort prefix is their key group and the bytes past that shared header.
 func (t *Timers) sortKeys(keys []string) {
-	hdr := 2 + len(t.h.prefix) + 9
 	if len(keys) < 64 {
 		slices.Sort(keys)
 		return
 	}
-	lcp, first := -1, ""
-	for _, k := range keys {
-		rest := k[hdr:]
-		if lcp < 0 {
-			first, lcp = rest, len(rest)
-			continue
-		}
-		n, i := min(lcp, len(rest)), 0
-		for i < n && rest[i] == first[i] {
-			i++
-		}
-		lcp = i
-	}
+	hdr := 2 + len(t.h.prefix) + 9
 	sk := t.sbuf[:0]
 	for _, k := range keys {
-		var p [8]byte
-		p[0], p[1] = k[0], k[1]
-		copy(p[2:], k[hdr+lcp:])
-		sk = append(sk, timerSortKey{pfx: binary.BigEndian.Uint64(p[:]), k: k})
+		sk = append(sk, sortKey{pfx: groupPfx(k, hdr), key: k})
 	}
-	slices.SortFunc(sk, func(a, b timerSortKey) int {
-		if a.pfx != b.pfx {
-			return cmp.Compare(a.pfx, b.pfx)
-		}
-		return strings.Compare(a.k, b.k)
-	})
+	t.stmp = slices.Grow(t.stmp[:0], len(sk))[:len(sk)]
+	radixSortKeys(sk, t.stmp)
 	for i := range sk {
-		keys[i] = sk[i].k
+		keys[i] = sk[i].key
 	}
 	clear(sk)
+	clear(t.stmp)
 	t.sbuf = sk[:0]
 	if invariants.Enabled && !slices.IsSorted(keys) {
 		panic("state: timer keys out of order")
