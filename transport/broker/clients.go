@@ -350,31 +350,44 @@ func (r *clientRegistry) removeMatching(match func(group string, consumer bool, 
 				removed = true
 			}
 		}
-		if !removed {
-			continue
-		}
-		if len(g.channels) == 0 {
-			delete(r.mu.consumers, name)
-			continue
-		}
-		if g.messageModel != protocol.MessageModelBroadcasting {
-			notes = append(notes, pendingNote{name, channelConns(g.channels)})
+		if removed {
+			notes = r.consumerLeftLocked(name, g, notes)
 		}
 	}
 	for name, g := range r.mu.producers {
 		for c, ch := range g.channels {
 			if match(name, false, ch) {
-				delete(g.channels, c)
 				r.unindexConnLocked(c, connReg{name, false})
-				r.unindexProducerLocked(ch)
+				r.producerLeftLocked(name, g, c, ch)
 			}
-		}
-		if len(g.channels) == 0 {
-			delete(r.mu.producers, name)
 		}
 	}
 	r.mu.Unlock()
 	r.notifyRemoved(notes)
+}
+
+// consumerLeftLocked follows the removal of channels of consumer group g:
+// an empty group is deleted, else (clustering mode) its remaining
+// channels are added to notes for a NOTIFY_CONSUMER_IDS_CHANGED.
+func (r *clientRegistry) consumerLeftLocked(name string, g *consumerGroupInfo, notes []pendingNote) []pendingNote {
+	if len(g.channels) == 0 {
+		delete(r.mu.consumers, name)
+		return notes
+	}
+	if g.messageModel != protocol.MessageModelBroadcasting {
+		notes = append(notes, pendingNote{name, channelConns(g.channels)})
+	}
+	return notes
+}
+
+// producerLeftLocked removes the channel ch of conn from producer group g,
+// deleting the group once empty.
+func (r *clientRegistry) producerLeftLocked(name string, g *producerGroupInfo, conn *remoting.ServerConn, ch *clientChannel) {
+	delete(g.channels, conn)
+	r.unindexProducerLocked(ch)
+	if len(g.channels) == 0 {
+		delete(r.mu.producers, name)
+	}
 }
 
 // pendingNote is a consumer group that lost a channel, with its remaining
@@ -410,23 +423,11 @@ func (r *clientRegistry) removeConn(conn *remoting.ServerConn) {
 				continue
 			}
 			delete(g.channels, conn)
-			if len(g.channels) == 0 {
-				delete(r.mu.consumers, reg.group)
-			} else if g.messageModel != protocol.MessageModelBroadcasting {
-				notes = append(notes, pendingNote{reg.group, channelConns(g.channels)})
-			}
+			notes = r.consumerLeftLocked(reg.group, g, notes)
 			continue
 		}
-		g := r.mu.producers[reg.group]
-		if g == nil {
-			continue
-		}
-		if ch := g.channels[conn]; ch != nil {
-			delete(g.channels, conn)
-			r.unindexProducerLocked(ch)
-		}
-		if len(g.channels) == 0 {
-			delete(r.mu.producers, reg.group)
+		if g := r.mu.producers[reg.group]; g != nil && g.channels[conn] != nil {
+			r.producerLeftLocked(reg.group, g, conn, g.channels[conn])
 		}
 	}
 	r.mu.Unlock()
