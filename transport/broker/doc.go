@@ -30,9 +30,10 @@
 // retry/DLQ, delay levels, timers and reply push are plugged in through the
 // extensions seam (subsystems.go). Transactional messages (half messages,
 // END_TRANSACTION 37, CHECK_TRANSACTION_STATE 39 check-back, discard to
-// TRANS_CHECK_MAX_TIME_TOPIC) are described in transaction.go; a commit
-// and its op record are stored atomically, so ends are idempotent and
-// survive crashes.
+// TRANS_CHECK_MAX_TIME_TOPIC) are described in transaction.go; an end's
+// outcome is stored atomically with its effect (a rollback's op record; a
+// commit's final message, indexed as its own op record), so ends are
+// idempotent and survive crashes.
 //
 // # Name servers
 //
