@@ -233,7 +233,7 @@ func (b *Backend) get(key []byte) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("state: %s: %w", b.uid, err)
 	}
 	slot := b.cache.put(unsafeString(key), b.rbuf, ok)
-	b.cur.noteMiss(key, slot, b.cache.gen)
+	b.cur.noteMiss(key, slot, b.cache.gen, !ok)
 	return b.rbuf, ok, nil
 }
 
@@ -247,12 +247,12 @@ func (b *Backend) getMem(key []byte) (val []byte, ok, known bool) {
 	}
 	for i := len(b.frozen) - 1; i >= 0; i-- {
 		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
-			b.cur.noteMiss(key, 0, 0)
+			b.cur.noteMiss(key, 0, 0, e == nil || e.del)
 			return entryVal(e)
 		}
 	}
 	if v, ok, slot, hit := b.cache.getSlot(key); hit {
-		b.cur.noteMiss(key, slot, b.cache.gen)
+		b.cur.noteMiss(key, slot, b.cache.gen, !ok)
 		return v, ok, true
 	}
 	return nil, false, false
@@ -589,7 +589,7 @@ func sortedEntries(l *layer) []sortKey {
 	first, lcp := "", -1
 	for i := range l.ents {
 		e := &l.ents[i]
-		if e.gone {
+		if !e.written() {
 			continue
 		}
 		k := e.key
@@ -608,7 +608,7 @@ func sortedEntries(l *layer) []sortKey {
 	out := slices.Grow(l.sortBuf[:0], len(l.index))
 	for i := range l.ents {
 		e := &l.ents[i]
-		if e.gone {
+		if !e.written() {
 			continue
 		}
 		out = append(out, sortKey{pfx: groupPfx(e.key, 2+lcp), key: e.key, i: uint32(i)})
@@ -877,9 +877,16 @@ func (c *readCache) merge(l *layer) {
 	for i := range l.ents {
 		e := &l.ents[i]
 		switch {
-		case e.gone:
+		case e.nocache || !e.written():
 		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= len(c.ents):
 			c.set(e.cslot-1, e.val, !e.del)
+		case e.del:
+			// Cache a deletion only over a cached value: a key that is
+			// not cached reads the store's absence just as well, and
+			// deleted keys (a fired window's) are rarely read again.
+			if i, had := c.index[e.key]; had {
+				c.set(i, nil, false)
+			}
 		default:
 			c.put(e.key, e.val, !e.del)
 		}

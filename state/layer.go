@@ -29,6 +29,10 @@ type layer struct {
 	missOK   bool
 	missSlot uint32
 	missGen  uint32
+	// missAbsent: the noted miss is known to be absent below this layer
+	// (no older layer, cache or store has a value for it), so the entry a
+	// put then inserts is fresh.
+	missAbsent bool
 	// ranges are range deletions as sorted, non-overlapping [from, to)
 	// layer-key intervals; they mask older layers and the store. A key put
 	// after a range deletion is in index and wins over the range.
@@ -57,6 +61,17 @@ type entry struct {
 	// gone: a range deletion removed the entry from index (a later put of
 	// the key adds a new entry).
 	gone bool
+	// fresh: when the entry was inserted, the key had no value below this
+	// layer (older layers, cache and store all lacked it). A fresh
+	// deletion is a no-op for the store and the cache: a Part does not
+	// write it and Committed does not cache it, so state created and
+	// deleted within one checkpoint interval costs neither a Pebble write
+	// nor a cache entry.
+	fresh bool
+	// nocache: the key is never read through Backend.get (timer keys,
+	// which the timer index answers), so Committed does not copy it into
+	// the read cache.
+	nocache bool
 	// cslot is 1 + the key's slot in the backend's read cache when the
 	// entry was added, valid while the cache's generation is cgen (0:
 	// unknown).
@@ -92,19 +107,21 @@ func (l *layer) reuse() {
 }
 
 // noteMiss records that key (copied) is not in the layer and where the
-// read cache holds it (slot 0: nowhere known).
-func (l *layer) noteMiss(key []byte, slot, gen uint32) {
+// read cache holds it (slot 0: nowhere known); absent says that no level
+// below the layer has a value for key.
+func (l *layer) noteMiss(key []byte, slot, gen uint32, absent bool) {
 	l.miss = append(l.miss[:0], key...)
-	l.missOK, l.missSlot, l.missGen = true, slot, gen
+	l.missOK, l.missSlot, l.missGen, l.missAbsent = true, slot, gen, absent
 }
 
-// takeMiss reports whether key is the noted miss (and consumes it).
-func (l *layer) takeMiss(key []byte) (slot, gen uint32, ok bool) {
+// takeMiss reports whether key is the noted miss (and consumes it), as
+// the entry to insert for it (cache slot and freshness set).
+func (l *layer) takeMiss(key []byte) (e entry, ok bool) {
 	if !l.missOK || string(key) != string(l.miss) {
-		return 0, 0, false
+		return entry{}, false
 	}
 	l.missOK = false
-	return l.missSlot, l.missGen, true
+	return entry{cslot: l.missSlot, cgen: l.missGen, fresh: l.missAbsent}, true
 }
 
 // find returns the index in ents of key, if the layer has it.
@@ -148,8 +165,9 @@ func (l *layer) covered(k string) bool {
 // put sets key to val (copied). An existing value is overwritten in place
 // when it fits.
 func (l *layer) put(key, val []byte) {
-	if slot, gen, ok := l.takeMiss(key); ok {
-		l.insert(key, entry{val: l.arena.copy(val), cslot: slot, cgen: gen})
+	if e, ok := l.takeMiss(key); ok {
+		e.val = l.arena.copy(val)
+		l.insert(key, e)
 		return
 	}
 	if i, ok := l.find(key); ok {
@@ -181,6 +199,11 @@ func (l *layer) appendTo(key, extra []byte) bool {
 
 // del records the deletion of key.
 func (l *layer) del(key []byte) {
+	if e, ok := l.takeMiss(key); ok {
+		e.del = true
+		l.insert(key, e)
+		return
+	}
 	if i, ok := l.find(key); ok {
 		e := &l.ents[i]
 		l.bytes -= int64(len(e.val))
@@ -189,6 +212,34 @@ func (l *layer) del(key []byte) {
 	}
 	l.insert(key, entry{del: true})
 }
+
+// putTimer records a timer key (empty value) that the caller knows has no
+// value visible: a new entry is fresh. Timer entries are never cached.
+func (l *layer) putTimer(key []byte) {
+	if i, ok := l.find(key); ok {
+		e := &l.ents[i]
+		l.bytes -= int64(len(e.val))
+		e.val, e.del = []byte{}, false
+		return
+	}
+	l.insert(key, entry{val: []byte{}, fresh: true, nocache: true})
+}
+
+// delTimer records the deletion of a timer key (see putTimer).
+func (l *layer) delTimer(key []byte) {
+	if i, ok := l.find(key); ok {
+		e := &l.ents[i]
+		l.bytes -= int64(len(e.val))
+		e.val, e.del = nil, true
+		return
+	}
+	l.insert(key, entry{del: true, nocache: true})
+}
+
+// written reports whether a Part writes e (and Committed caches it): not
+// when a range deletion removed it, nor when it deletes a key that had no
+// value below its layer.
+func (e *entry) written() bool { return !e.gone && !(e.del && e.fresh) }
 
 func (l *layer) insert(key []byte, e entry) {
 	l.missOK = false

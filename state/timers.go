@@ -188,7 +188,7 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 		return nil
 	}
 	t.add(d, ts, t.intern(k))
-	t.h.b.cur.put(k, nil)
+	t.h.b.cur.putTimer(k) // not in the set: no value visible
 	return nil
 }
 
@@ -224,7 +224,7 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 			t.compact(bk)
 		}
 	}
-	t.h.b.cur.del(k)
+	t.h.b.cur.delTimer(k)
 	return nil
 }
 
@@ -325,7 +325,7 @@ func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 		if len(kb) < hdr {
 			return Timer{}, false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, t.h.name)
 		}
-		t.h.b.cur.del(kb)
+		t.h.b.cur.delTimer(kb)
 		return Timer{
 			Domain:    d,
 			Timestamp: ts,

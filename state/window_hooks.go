@@ -13,7 +13,7 @@ func (m *Map[K, V]) GetBuffered(k K) (v V, ok, known bool, err error) {
 	}
 	val, ok, known := m.h.b.getMem(key)
 	if !known {
-		m.h.b.cur.noteMiss(key, 0, 0) // a Put after it inserts at once
+		m.h.b.cur.noteMiss(key, 0, 0, false) // a Put after it inserts at once
 		return v, false, false, nil
 	}
 	if !ok {
@@ -24,4 +24,17 @@ func (m *Map[K, V]) GetBuffered(k K) (v V, ok, known bool, err error) {
 	}
 	v, err = m.decode(val)
 	return v, err == nil, true, err
+}
+
+// KnownAbsent tells the backend that the entry of the last GetBuffered,
+// which reported known false, has no value (the caller learnt it another
+// way, as the window operator does from its timers). A Put of that entry
+// then creates it fresh: if it is deleted again before the next Snapshot,
+// the checkpoint neither writes nor caches anything for it. It has no
+// effect unless it directly follows such a GetBuffered; telling it of an
+// entry that has a value loses that value's deletion.
+func (m *Map[K, V]) KnownAbsent() {
+	if l := m.h.b.cur; l.missOK {
+		l.missAbsent = true
+	}
 }

@@ -77,12 +77,15 @@ func getAbsent[V any](m *state.Map[span, V], sw span, empty func(span) bool) (V,
 	case !known && !empty(sw):
 		return m.Get(sw)
 	case !known && invariants.Sometimes(10):
+		// The store read notes the entry as absent (or not) itself.
 		if e, ok, err = m.Get(sw); err != nil {
 			return e, false, err
 		}
 		if ok {
 			panic("window: a window known to be empty has state")
 		}
+	case !known:
+		m.KnownAbsent() // a Put creates it fresh
 	case invariants.Enabled && ok && invariants.Sometimes(10) && empty(sw):
 		panic("window: a window known to be empty has state")
 	}
