@@ -985,6 +985,29 @@ type scannedHalf struct {
 	m     protocol.MessageExt
 }
 
+// endedRunMax bounds the offsets endedRun looks at under t.mu at once.
+const endedRunMax = 4096
+
+// endedRun returns how many half messages from offset from on (below to,
+// at most endedRunMax) have a cached outcome other than pending, one
+// after the other.
+func (t *transactions) endedRun(from, to int64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if from < t.scanFrom.Load() {
+		return 0 // outcomes below scanFrom are pruned: read the store
+	}
+	to = min(to, from+endedRunMax)
+	off := from
+	for off < to {
+		if st, ok := t.mu.ended[off]; !ok || st == txPending {
+			break
+		}
+		off++
+	}
+	return off - from
+}
+
 // readHalves returns up to txBatch half messages from offset (copies of
 // those not known to have ended), and the offset after the scanned range.
 func (t *transactions) readHalves(from int64) ([]scannedHalf, int64, error) {
@@ -1019,6 +1042,15 @@ func (t *transactions) checkRound(ctx context.Context) error {
 	off := from
 scan:
 	for off < maxOff && ctx.Err() == nil {
+		// A run of half messages whose outcomes are cached needs no read:
+		// ended, as readHalves would report them.
+		if n := t.endedRun(off, maxOff); n > 0 {
+			if contiguous {
+				progress = off + n
+			}
+			off += n
+			continue
+		}
 		msgs, next, err := t.readHalves(off)
 		if err != nil {
 			roundErr = err

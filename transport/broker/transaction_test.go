@@ -453,6 +453,56 @@ func TestBrokerTransactionCheckBack(t *testing.T) {
 	}
 }
 
+// TestBrokerTransactionCheckSkipsEnded: a check round passes over half
+// messages whose outcome is cached (committed, rolled back) without
+// checking them, stops its progress at a pending one and checks only that
+// one; once it ends the progress moves past the rest.
+func TestBrokerTransactionCheckSkipsEnded(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	b := txBroker(t, t.TempDir(), clk)
+	p := txProducer(t, b, "producer-1", "txpg")
+	var hs []txHalf
+	for i := range 7 {
+		hs = append(hs, txSend(t, p, "txpg", "TxTopic", 0, "m"+strconv.Itoa(i)))
+	}
+	const pending = 3
+	for i, h := range hs {
+		switch {
+		case i == pending:
+		case i%2 == 0:
+			mustEnd(t, p, "txpg", h, protocol.SysFlagTransactionCommit)
+		default:
+			mustEnd(t, p, "txpg", h, protocol.SysFlagTransactionRollback)
+		}
+	}
+	clk.advance(7 * time.Second)
+	subEventually(t, 5*time.Second, func() error {
+		if n := len(p.requests(protocol.ReqCheckTransactionState)); n == 0 {
+			return errors.New("no check-back")
+		}
+		return nil
+	})
+	for _, req := range p.requests(protocol.ReqCheckTransactionState) {
+		if ch, _ := checkOf(t, req); ch.TranStateTableOffset != hs[pending].queueOffset {
+			t.Errorf("check-back of half message %d, want only %d", ch.TranStateTableOffset, hs[pending].queueOffset)
+		}
+	}
+	if got := b.tx.scanFrom.Load(); got != hs[pending].queueOffset {
+		t.Errorf("scan progress %d with half message %d pending", got, hs[pending].queueOffset)
+	}
+	mustEnd(t, p, "txpg", hs[pending], protocol.SysFlagTransactionCommit)
+	subEventually(t, 5*time.Second, func() error {
+		if got, want := b.tx.scanFrom.Load(), hs[len(hs)-1].queueOffset+1; got != want {
+			return fmt.Errorf("scan progress %d, want %d", got, want)
+		}
+		return nil
+	})
+	if got := bodies(subMessages(t, b, "TxTopic", 0)); strings.Join(got, ",") != "m0,m2,m4,m6,m3" {
+		t.Errorf("TxTopic/0 holds %q", got)
+	}
+}
+
 func TestBrokerTransactionCheckWaitsForProducer(t *testing.T) {
 	subLeakCheck(t)
 	clk := &subClock{}
