@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -195,6 +196,12 @@ type Conn struct {
 	queued   atomic.Int64 // frames enqueued but not yet flushed
 	queuedB  atomic.Int64 // bytes of frames enqueued but not yet written
 	handling atomic.Int64 // server side: requests being processed or deferred
+	// stash holds the bytes of a partial frame while the reader waits for
+	// the rest without a buffer (readLoop); the reader's alone.
+	stash []byte
+	// readFailed is set by the reader once a socket read failed (EOF
+	// included): no more bytes will come.
+	readFailed bool
 	// readAhead is set by the reader when bytes past the frame it just read
 	// are buffered (the peer sent more already); see ReadAhead.
 	readAhead atomic.Bool
@@ -1096,22 +1103,85 @@ func (c *Conn) moreFramesLikely() bool {
 	return c.handling.Load() > 1 || c.inflight.Load() > 1
 }
 
-// countingReader counts bytes read from the socket.
-type countingReader struct{ c *Conn }
+// frameSource is what a connection's read buffer reads from: the bytes
+// of a partial frame set aside (Conn.stash), then the socket, whose bytes
+// it counts.
+type frameSource struct{ c *Conn }
 
-func (r countingReader) Read(p []byte) (int, error) {
-	n, err := r.c.nc.Read(p)
-	r.c.bytesIn.Add(int64(n))
-	return n, err
+func (r frameSource) Read(p []byte) (int, error) {
+	c := r.c
+	n := 0
+	if len(c.stash) > 0 {
+		// A fresh buffer takes the whole stash (it is shorter than
+		// readBufSize): the socket, which has the rest queued, fills in
+		// behind it in the same read.
+		n = copy(p, c.stash)
+		if n < len(c.stash) {
+			c.stash = c.stash[:copy(c.stash, c.stash[n:])]
+			return n, nil
+		}
+		if cap(c.stash) > maxKeptStash {
+			c.stash = nil
+		} else {
+			c.stash = c.stash[:0]
+		}
+	}
+	m, err := c.nc.Read(p[n:])
+	c.bytesIn.Add(int64(m))
+	if err != nil {
+		c.readFailed = true
+	}
+	return n + m, err
+}
+
+// maxKeptStash is the largest stash a connection keeps for the next
+// partial frame once its bytes are back in a read buffer.
+const maxKeptStash = 1 << 10
+
+// frameShortfall reports, for a plain TCP connection where the system
+// tells how many bytes are queued, how many more bytes the socket must
+// queue before the frame at the head of br can be read without waiting
+// mid-frame: 0 when they are there (or when the read is to report an
+// error: a malformed length, EOF). "The frame" is capped at readBufSize
+// bytes: a larger one is read as it arrives once a buffer's worth is in.
+// br holds at least a byte, or gets one (the socket was reported readable).
+func (c *Conn) frameShortfall(br *bufio.Reader) int {
+	if br.Buffered() == 0 {
+		if _, err := br.Peek(1); err != nil {
+			return 0 // the read reports it
+		}
+	}
+	have, need := br.Buffered(), 4
+	if have >= 4 {
+		w, _ := br.Peek(4) // buffered: cannot fail
+		l := int64(int32(binary.BigEndian.Uint32(w)))
+		if l < 4 || l > int64(c.cfg.maxFrame) {
+			return 0 // malformed: the read refuses it
+		}
+		need = int(min(4+l, readBufSize))
+	}
+	if have >= need || c.readFailed {
+		return 0 // all there, or no more will come: the read reports it
+	}
+	q := c.sock.queued()
+	if q < 0 || have+q >= need {
+		return 0
+	}
+	return need - have
 }
 
 // readLoop reads frames until the connection fails, and returns the cause.
 //
 // On a plain TCP connection the read buffer is held only while bytes are
-// buffered or a frame is arriving: when a frame ends the buffer empty, the
-// buffer goes back to its pool and the reader waits for the socket to have
-// bytes (sock.waitReadable) before taking one again, so that an idle
-// connection holds none.
+// buffered or a frame is being read: when a frame ends the buffer empty,
+// the buffer goes back to its pool and the reader waits for the socket to
+// have bytes (sock.waitReadable) before taking one again, so that an idle
+// connection holds none. Where the system tells how many bytes a socket
+// has queued (Linux), a frame is read only once it is all there (or a
+// buffer's worth of a larger one): the bytes of a partial frame are set
+// aside (c.stash), the buffer given back, and the reader waits for the
+// rest (sock.waitQueued), so that a peer trickling a frame in holds no
+// buffer and wakes the reader a few times per frame, not once per byte.
 func (c *Conn) readLoop() error {
 	var br *bufio.Reader
 	defer func() {
@@ -1141,7 +1211,21 @@ func (c *Conn) readLoop() error {
 			}
 		}
 		if br == nil {
-			br = getReader(countingReader{c})
+			br = getReader(frameSource{c})
+		}
+		if c.sock != nil && frameWaitSupported {
+			if short := c.frameShortfall(br); short > 0 {
+				// A partial frame, the rest not queued: set its bytes
+				// aside and give the buffer back until the rest is there.
+				b, _ := br.Peek(br.Buffered()) // buffered: cannot fail
+				c.stash = append(c.stash[:0], b...)
+				putReader(br)
+				br = nil
+				if err := c.sock.waitQueued(short); err != nil {
+					return c.readError(err)
+				}
+				continue
+			}
 		}
 		cmd, err := protocol.ReadFrame(br, c.cfg.maxFrame)
 		if err != nil {

@@ -35,8 +35,11 @@
 // skips the writer: the sending goroutine writes it without waiting (what the
 // socket does not take is queued, at the head, for the writer). The bufio
 // buffers are pooled: a connection holds its write buffer while its writer
-// drains and, on plain TCP, its read buffer while bytes are arriving, so an
-// idle connection holds neither.
+// drains and, on plain TCP, its read buffer while it reads a frame (on
+// Linux only once the frame, or a buffer's worth of a larger one, is all
+// in the socket: the bytes of a partial frame are set aside meanwhile), so
+// an idle connection holds neither, and on Linux one trickling a frame in
+// holds no read buffer either.
 // Every one of them is joined: by Conn.Close, or for server connections by
 // Server.Close/Shutdown. Every queue is bounded:
 //

@@ -29,6 +29,16 @@ type sock struct {
 	peek   [1]byte
 	readFn func(fd uintptr) bool
 
+	// queued's and waitQueued's state (the reader's).
+	queuedN  int
+	lowatN   int
+	lowatErr error
+	want     int
+	wantWait bool
+	queuedFn func(fd uintptr)
+	lowatFn  func(fd uintptr)
+	wantFn   func(fd uintptr) bool
+
 	// unsent's state: any goroutine answering a request may call it.
 	unsentMu sync.Mutex
 	unsentN  int
@@ -51,6 +61,9 @@ func newSock(nc net.Conn) *sock {
 	s.writeFn = s.doWrite
 	s.readFn = s.doPeek
 	s.unsentFn = s.doUnsent
+	s.queuedFn = s.doQueued
+	s.lowatFn = s.doSetLowat
+	s.wantFn = s.doWaitQueued
 	return s
 }
 
@@ -135,3 +148,56 @@ func (s *sock) doPeek(fd uintptr) bool {
 		}
 	}
 }
+
+// queued returns the bytes in the socket's receive queue, or -1 where the
+// system does not tell (frameWaitSupported) or once the connection is
+// closed.
+func (s *sock) queued() int {
+	s.queuedN = -1
+	if err := s.rc.Control(s.queuedFn); err != nil {
+		return -1
+	}
+	return s.queuedN
+}
+
+func (s *sock) doQueued(fd uintptr) { s.queuedN = socketQueued(fd) }
+
+// waitQueued blocks until the socket's receive queue holds n bytes (or its
+// peer closed it, or it failed), or the read deadline passes: the socket's
+// receive low-water mark is raised to n meanwhile, so that the poller does
+// not wake the reader for fewer. Only where frameWaitSupported.
+func (s *sock) waitQueued(n int) error {
+	if err := s.setLowat(n); err != nil {
+		return err
+	}
+	s.want, s.wantWait = n, false
+	err := s.rc.Read(s.wantFn)
+	if lerr := s.setLowat(1); err == nil {
+		err = lerr // back to the default, for the reads of the frame
+	}
+	return err
+}
+
+// doWaitQueued asks to wait unless n bytes are queued already (they may
+// have arrived before the low-water mark was raised, their wake-up
+// spent); after the wait it reports ready.
+func (s *sock) doWaitQueued(fd uintptr) bool {
+	if s.wantWait {
+		return true
+	}
+	if q := socketQueued(fd); q < 0 || q >= s.want {
+		return true
+	}
+	s.wantWait = true
+	return false
+}
+
+func (s *sock) setLowat(n int) error {
+	s.lowatN, s.lowatErr = n, nil
+	if err := s.rc.Control(s.lowatFn); err != nil {
+		return err
+	}
+	return s.lowatErr
+}
+
+func (s *sock) doSetLowat(fd uintptr) { s.lowatErr = socketSetLowat(fd, s.lowatN) }

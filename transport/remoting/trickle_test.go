@@ -1,0 +1,161 @@
+package remoting
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// TestTrickledFrameHeap has 500 connections each send the first half of a
+// frame, a byte at a time, and measures the live heap they hold while the
+// frames are incomplete: the reader waits for the whole frame in the
+// socket's receive queue, so a connection trickling a frame in must hold a
+// few KiB, not the 32 KiB read buffer it held while its reader waited for
+// the rest inside the frame's read (about 40 KiB per connection). Then the
+// frames are finished, a byte at a time again, and each must be answered:
+// the wait for a whole frame must not miss its last byte.
+func TestTrickledFrameHeap(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the wait for a whole frame needs the receive queue's size (SIOCINQ) and SO_RCVLOWAT")
+	}
+	const conns = 500
+	_, addr := newTestServer(t, WithMaxConnsPerIP(0))
+	frame, err := echoReq(1).AppendFrame(nil, protocol.SerializeJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := len(frame) / 2
+	before := liveHeap()
+	ncs := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, nc := range ncs {
+			_ = nc.Close()
+		}
+	}()
+	for range conns {
+		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		ncs = append(ncs, nc)
+	}
+	// A byte per connection per round, so that each byte arrives on its
+	// own (the reader wakes for the first ones, and counts what is queued).
+	trickleBytes(t, ncs, frame[:half])
+	time.Sleep(100 * time.Millisecond) // let the readers see the last bytes
+	held := liveHeap()
+	per := (float64(held) - float64(before)) / conns
+	t.Logf("live heap: %.1f MiB before, %.1f MiB with %d connections %d bytes into a %d-byte frame: %.1f KiB per connection (server side and the test's net.Conn)",
+		float64(before)/(1<<20), float64(held)/(1<<20), conns, half, len(frame), per/1024)
+	if per > 16<<10 {
+		t.Errorf("%.1f KiB of live heap per connection with a partial frame, want at most 16 KiB", per/1024)
+	}
+	trickleBytes(t, ncs, frame[half:])
+	for _, nc := range ncs {
+		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := protocol.ReadFrame(bufio.NewReaderSize(nc, 256), 1<<20)
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if err := checkEcho(resp, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// trickleBytes writes b to every conn, one byte per connection per round.
+func trickleBytes(t *testing.T, ncs []net.Conn, b []byte) {
+	t.Helper()
+	for i := range b {
+		for _, nc := range ncs {
+			if _, err := nc.Write(b[i : i+1]); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+		}
+	}
+}
+
+// TestFrameInPieces sends frames in pieces with pauses between them: a
+// frame larger than the read buffer (the reader waits for a buffer's worth,
+// then reads the rest as it comes), a small one split inside its length
+// word and inside its body, and a partial frame followed by the peer's
+// close, which must close the connection at once rather than at the idle
+// timeout.
+func TestFrameInPieces(t *testing.T) {
+	s, addr := newTestServer(t, WithIdleTimeout(time.Minute))
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	br := bufio.NewReader(nc)
+	big := echoReq(2)
+	big.Body = bytes.Repeat([]byte{'b'}, 3*readBufSize+100)
+	bigFrame, err := big.AppendFrame(nil, protocol.SerializeJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := echoReq(3).AppendFrame(nil, protocol.SerializeJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		frame []byte
+		cuts  []int
+		n     int
+		body  int
+	}{
+		{bigFrame, []int{2, 1000, readBufSize - 10, readBufSize + 10, 2*readBufSize + 5}, 2, len(big.Body)},
+		{small, []int{1, 3, 4, 10, len(small) - 1}, 3, -1},
+	} {
+		prev := 0
+		for _, cut := range append(tc.cuts, len(tc.frame)) {
+			if _, err := nc.Write(tc.frame[prev:cut]); err != nil {
+				t.Fatal(err)
+			}
+			prev = cut
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := protocol.ReadFrame(br, 1<<20)
+		if err != nil {
+			t.Fatalf("frame %d: %v", tc.n, err)
+		}
+		if tc.body >= 0 {
+			if v, _ := resp.Ext("n"); resp.Code != 0 || v != "2" || len(resp.Body) != tc.body {
+				t.Fatalf("big frame: code %d n %q body %d bytes, want 0, 2, %d", resp.Code, v, len(resp.Body), tc.body)
+			}
+		} else if err := checkEcho(resp, tc.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A partial frame, then the peer's close.
+	nc2, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc2.Write(small[:len(small)/2]); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 5*time.Millisecond, activeConns(s, 2))
+	time.Sleep(50 * time.Millisecond)
+	_ = nc2.Close()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, activeConns(s, 1)) // the idle timeout is a minute
+
+}
+
+func activeConns(s *Server, n int64) func() error {
+	return func() error {
+		if a := s.Stats().Active; a != n {
+			return fmt.Errorf("%d connections open, want %d", a, n)
+		}
+		return nil
+	}
+}
