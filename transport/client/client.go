@@ -631,38 +631,6 @@ func (c *Client) invokeOneway(ctx context.Context, addr string, req *protocol.Co
 	return nil
 }
 
-// invokeAsync sends req and calls cb exactly once with the response (any
-// code) or a transport error. cb runs on the connection's reader goroutine
-// when the response arrives and must not block. ctx bounds the wait for the
-// response; without a deadline the request timeout applies.
-func (c *Client) invokeAsync(ctx context.Context, addr string, req *protocol.Command, cb func(*protocol.Command, error)) {
-	var timeout time.Duration
-	if _, ok := ctx.Deadline(); !ok {
-		timeout = c.cfg.requestTimeout
-	}
-	c.invokeAsyncTimeout(ctx, addr, req, timeout, cb)
-}
-
-// invokeAsyncTimeout is invokeAsync bounded by ctx and, when timeout > 0,
-// by timeout from now, whichever ends first. The timeout is enforced by the
-// connection's own timer (remoting.Conn.InvokeAsyncTimeout), sparing a
-// context.WithTimeout per request.
-func (c *Client) invokeAsyncTimeout(ctx context.Context, addr string, req *protocol.Command, timeout time.Duration, cb func(*protocol.Command, error)) {
-	cn, err := c.conn(ctx, addr)
-	if err != nil {
-		cb(nil, err)
-		return
-	}
-	c.sign(req)
-	cn.InvokeAsyncTimeout(ctx, req, timeout, func(resp *protocol.Command, err error) {
-		if err != nil {
-			cb(nil, &sentError{addr: addr, err: err})
-			return
-		}
-		cb(resp, nil)
-	})
-}
-
 // --- server-initiated requests ---
 
 // handleServerRequest registers h for requests brokers send with code

@@ -235,9 +235,10 @@ type Producer struct {
 	fault *faultStrategy
 	rr    atomic.Uint32
 
-	cmds sync.Pool // *protocol.Command
-	bufs sync.Pool // *[]byte
-	zws  sync.Pool // *zlib.Writer
+	cmds   sync.Pool // *protocol.Command
+	asyncs sync.Pool // *asyncSend
+	bufs   sync.Pool // *[]byte
+	zws    sync.Pool // *zlib.Writer
 
 	unregister  func()
 	removeCheck func()
@@ -269,6 +270,7 @@ func NewProducer(c *Client, group string, opts ...ProducerOption) (*Producer, er
 	}
 	p := &Producer{c: c, group: group, cfg: cfg, fault: newFaultStrategy(cfg.faultEnabled, cfg.latencyMax, cfg.notAvailable)}
 	p.cmds.New = func() any { return protocol.NewRequest(0) }
+	p.asyncs.New = p.newAsyncSend
 	p.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
 	p.unregister = c.registerProducer(group)
 	if cfg.checkListener != nil {
@@ -367,21 +369,63 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 		cb(SendResult{}, err)
 		return
 	}
-	cmd := p.buildCmd(&ob, q)
-	start := time.Now()
-	msgID := ob.msgID
-	p.c.invokeAsyncTimeout(ctx, addr, cmd, p.attemptTimeout(ctx), func(resp *protocol.Command, err error) {
-		lat := time.Since(start)
-		if err != nil {
-			p.fault.update(q.BrokerName, lat, true)
-			cb(SendResult{}, sendErr(err))
-			return
-		}
-		p.fault.update(q.BrokerName, lat, false)
-		res, err := sendResult(resp, msgID, q, addr)
-		cb(res, err)
-	})
+	now := time.Now()
+	a := p.asyncs.Get().(*asyncSend)
+	a.cb, a.q, a.addr, a.msgID, a.start = cb, q, addr, ob.msgID, now
+	cn, err := p.c.conn(ctx, addr)
+	if err != nil {
+		a.finish(nil, err)
+		return
+	}
+	cmd := p.buildCmd(&ob, q, now)
+	p.c.sign(cmd)
+	cn.InvokeAsyncTimeout(ctx, cmd, p.attemptTimeout(ctx), a.onResponse)
 	p.putCmd(cmd)
+}
+
+// asyncSend is a SendAsync awaiting its response: what the response
+// callback needs, pooled with that callback bound once (onResponse), so
+// that an asynchronous send allocates no closure.
+type asyncSend struct {
+	p          *Producer
+	cb         func(SendResult, error)
+	q          protocol.MessageQueue
+	addr       string
+	msgID      string
+	start      time.Time
+	onResponse func(*protocol.Command, error) // a.response, bound once
+}
+
+func (p *Producer) newAsyncSend() any {
+	a := &asyncSend{p: p}
+	a.onResponse = a.response
+	return a
+}
+
+// response is the remoting callback: a transport error comes after the
+// request was handed to the connection (sentError: maybe stored).
+func (a *asyncSend) response(resp *protocol.Command, err error) {
+	if err != nil {
+		err = &sentError{addr: a.addr, err: err}
+	}
+	a.finish(resp, err)
+}
+
+// finish records the attempt with the fault strategy, returns a to its
+// pool and calls the user's callback.
+func (a *asyncSend) finish(resp *protocol.Command, err error) {
+	p, cb, q, addr, msgID := a.p, a.cb, a.q, a.addr, a.msgID
+	lat := time.Since(a.start)
+	a.cb, a.q, a.addr, a.msgID = nil, protocol.MessageQueue{}, "", ""
+	p.asyncs.Put(a)
+	if err != nil {
+		p.fault.update(q.BrokerName, lat, true)
+		cb(SendResult{}, sendErr(err))
+		return
+	}
+	p.fault.update(q.BrokerName, lat, false)
+	res, err := sendResult(resp, msgID, q, addr)
+	cb(res, err)
 }
 
 // SendOneway sends without asking for an answer: it returns once the
@@ -407,7 +451,7 @@ func (p *Producer) SendOneway(ctx context.Context, msgs ...*Message) (retErr err
 		if err != nil {
 			return err
 		}
-		cmd := p.buildCmd(&ob, q)
+		cmd := p.buildCmd(&ob, q, time.Now())
 		err = p.c.invokeOneway(ctx, addr, cmd)
 		p.putCmd(cmd)
 		if err == nil {
@@ -479,8 +523,8 @@ func (p *Producer) sendSync(ctx context.Context, ob *outbound, half bool) (SendR
 
 // attempt sends ob to queue q at addr once.
 func (p *Producer) attempt(ctx context.Context, ob *outbound, q protocol.MessageQueue, addr string) (SendResult, error) {
-	cmd := p.buildCmd(ob, q)
 	start := time.Now()
+	cmd := p.buildCmd(ob, q, start)
 	resp, err := p.c.invokeTimeout(ctx, addr, cmd, p.attemptTimeout(ctx))
 	p.putCmd(cmd)
 	lat := time.Since(start)
@@ -565,8 +609,8 @@ func (p *Producer) putCmd(cmd *protocol.Command) {
 }
 
 // buildCmd encodes ob as a SEND_MESSAGE_V2 (single) or SEND_BATCH_MESSAGE
-// request to queue q.
-func (p *Producer) buildCmd(ob *outbound, q protocol.MessageQueue) *protocol.Command {
+// request to queue q, born at now.
+func (p *Producer) buildCmd(ob *outbound, q protocol.MessageQueue, now time.Time) *protocol.Command {
 	cmd := p.cmds.Get().(*protocol.Command)
 	cmd.Code = protocol.ReqSendMessageV2
 	cmd.Flag, cmd.Opaque, cmd.Remark = 0, 0, ""
@@ -577,7 +621,7 @@ func (p *Producer) buildCmd(ob *outbound, q protocol.MessageQueue) *protocol.Com
 		DefaultTopicQueueNums: p.cfg.defQueueNums,
 		QueueID:               q.QueueID,
 		SysFlag:               ob.sysFlag,
-		BornTimestamp:         time.Now().UnixMilli(),
+		BornTimestamp:         now.UnixMilli(),
 		Flag:                  ob.flag,
 		Properties:            ob.props,
 		ReconsumeTimes:        protocol.Some[int32](0),

@@ -153,7 +153,6 @@ func (f *faultStrategy) pick(queues []protocol.MessageQueue, start uint32, avoid
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := f.now()
 	if len(f.mu.items) == 0 {
 		for i := range n {
 			if q := queues[(start+i)%n]; q.BrokerName != avoid {
@@ -162,6 +161,7 @@ func (f *faultStrategy) pick(queues []protocol.MessageQueue, start uint32, avoid
 		}
 		return queues[start%n]
 	}
+	now := f.now()
 	for i := range n {
 		q := queues[(start+i)%n]
 		if q.BrokerName != avoid && f.availableLocked(q.BrokerName, now) {
