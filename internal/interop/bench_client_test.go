@@ -26,7 +26,10 @@ import (
 // broker flushes asynchronously (FlushAsync): the store's fsync is off the
 // send path, so the clients are what differs.
 //
-// One op is one message. allocs/op and B/op count the whole process: the
+// One op is one message. The sending goroutines are labelled side=client
+// (labelClient) for `go tool pprof -tagfocus side=client`; runnel's
+// connection reader is labelled remoting=reader like the broker's (tell
+// them apart by remoting.startClientConn vs remoting.(*Server).serveConn). allocs/op and B/op count the whole process: the
 // client AND the in-process broker. impl=raw rows run the same load with a
 // bare remoting.Conn and hand-encoded requests (SEND_MESSAGE_V2 / PULL, as
 // runnel's client sends them); their allocations are the broker's plus the
@@ -64,29 +67,55 @@ func BenchmarkClientProduce(b *testing.B) {
 // completed. It reports msgs/s.
 func sendWindow(b *testing.B, inflight int, send func(i int, done func(error))) {
 	b.Helper()
-	sem := make(chan struct{}, inflight)
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	done := func(err error) {
-		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err)
-		}
-		<-sem
-		wg.Done()
-	}
+	w := newWindow(inflight, send)
 	m := startMeasure(b)
-	for i := range b.N {
-		sem <- struct{}{}
-		wg.Add(1)
-		send(i, done)
-	}
-	wg.Wait()
+	w.run(b.N)
 	m.stop(b, int64(b.N))
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d sends failed, first: %v", n, firstErr.Load())
+	if err := w.err(); err != nil {
+		b.Fatal(err)
 	}
+}
+
+// window runs sends with at most a fixed number outstanding (see
+// sendWindow), batch after batch.
+type window struct {
+	sem      chan struct{}
+	wg       sync.WaitGroup
+	failed   atomic.Int64
+	firstErr atomic.Value
+	send     func(i int, done func(error))
+	done     func(error)
+}
+
+func newWindow(inflight int, send func(i int, done func(error))) *window {
+	w := &window{sem: make(chan struct{}, inflight), send: send}
+	w.done = func(err error) {
+		if err != nil {
+			w.failed.Add(1)
+			w.firstErr.CompareAndSwap(nil, err)
+		}
+		<-w.sem
+		w.wg.Done()
+	}
+	return w
+}
+
+// run makes n sends and waits for all of them.
+func (w *window) run(n int) {
+	for i := range n {
+		w.sem <- struct{}{}
+		w.wg.Add(1)
+		w.send(i, w.done)
+	}
+	w.wg.Wait()
+}
+
+// err reports the sends that failed so far, nil if none.
+func (w *window) err() error {
+	if n := w.failed.Load(); n > 0 {
+		return fmt.Errorf("%d sends failed, first: %v", n, w.firstErr.Load())
+	}
+	return nil
 }
 
 // measure reports msgs/s, allocs/msg (unrounded, unlike allocs/op, which
@@ -120,30 +149,45 @@ func (m measure) stop(b *testing.B, msgs int64) {
 }
 
 func produceClientRunnel(b *testing.B, p *client.Producer, topic string, body []byte, inflight int) {
+	defer labelClient()()
+	send := runnelSender(b, p, topic, body, inflight)
+	b.SetBytes(int64(len(body)))
+	sendWindow(b, inflight, send)
+}
+
+// runnelSender warms p's route and connection to topic and returns the
+// send of one message for a window of inflight: Send when 1, SendAsync
+// otherwise.
+func runnelSender(b *testing.B, p *client.Producer, topic string, body []byte, inflight int) func(int, func(error)) {
 	ctx := context.Background()
-	// warm the route and connection
 	if _, err := p.Send(ctx, &client.Message{Topic: topic, Body: body}); err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(len(body)))
 	if inflight == 1 {
-		sendWindow(b, 1, func(_ int, done func(error)) {
+		return func(_ int, done func(error)) {
 			_, err := p.Send(ctx, &client.Message{Topic: topic, Body: body})
 			done(err)
-		})
-		return
+		}
 	}
-	sendWindow(b, inflight, func(_ int, done func(error)) {
+	return func(_ int, done func(error)) {
 		p.SendAsync(ctx, func(_ client.SendResult, err error) { done(err) }, &client.Message{Topic: topic, Body: body})
-	})
+	}
 }
 
 func produceClientOfficial(b *testing.B, p rocketmq.Producer, topic string, body []byte, inflight int) {
+	defer labelClient()()
+	send := officialSender(b, p, topic, body, inflight)
+	b.SetBytes(int64(len(body)))
+	sendWindow(b, inflight, send)
+}
+
+// officialSender is runnelSender for the official producer: SendSync when
+// inflight is 1, SendAsync otherwise.
+func officialSender(b *testing.B, p rocketmq.Producer, topic string, body []byte, inflight int) func(int, func(error)) {
 	ctx := context.Background()
 	if _, err := p.SendSync(ctx, primitive.NewMessage(topic, body)); err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(len(body)))
 	check := func(res *primitive.SendResult, err error) error {
 		if err == nil && res.Status != primitive.SendOK {
 			err = fmt.Errorf("status %v", res.Status)
@@ -151,19 +195,86 @@ func produceClientOfficial(b *testing.B, p rocketmq.Producer, topic string, body
 		return err
 	}
 	if inflight == 1 {
-		sendWindow(b, 1, func(_ int, done func(error)) {
+		return func(_ int, done func(error)) {
 			done(check(p.SendSync(ctx, primitive.NewMessage(topic, body))))
-		})
-		return
+		}
 	}
-	sendWindow(b, inflight, func(_ int, done func(error)) {
+	return func(_ int, done func(error)) {
 		err := p.SendAsync(ctx, func(_ context.Context, res *primitive.SendResult, err error) {
 			done(check(res, err))
 		}, primitive.NewMessage(topic, body))
 		if err != nil {
 			done(err)
 		}
-	})
+	}
+}
+
+// pairedChunk is how many messages each client sends in turn in
+// BenchmarkClientProducePaired.
+const pairedChunk = 500
+
+// BenchmarkClientProducePaired measures the rows of BenchmarkClientProduce
+// (same broker settings, payloads, producers' options and send calls) with
+// the two clients taking turns within one benchmark: chunks of pairedChunk
+// messages, runnel's and the official client's alternating (which one goes
+// first alternates too), a runtime.GC before each chunk (outside the
+// timing) so that each chunk mostly pays for its own garbage. Both thus see
+// the same machine load, which on a shared machine drifts over the seconds
+// that separate BenchmarkClientProduce's impl=runnel and impl=official runs
+// (with -count, a benchmark's runs are consecutive). One op is one message
+// of each client. It reports each client's msgs/s and cpu-us/msg (process
+// CPU per message, broker included) and the ratios runnel/official of
+// msgs/s (x-msgs/s) and official/runnel of cpu-us/msg (x-cpu).
+func BenchmarkClientProducePaired(b *testing.B) {
+	env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync))
+	rc := newRunnelClient(b, env)
+	rp := newRunnelProducer(b, rc, uniqueName("benchRPP"), client.WithRetries(0))
+	op := newProducer(b, env, producer.WithRetry(0))
+	for _, size := range benchSizes {
+		for _, inflight := range []int{1, benchInFlight} {
+			b.Run(fmt.Sprintf("size=%s/inflight=%d", size.name, inflight), func(b *testing.B) {
+				defer labelClient()()
+				topic := benchTopic(b, env, "BenchClientPaired")
+				body := make([]byte, size.n)
+				for i := range body {
+					body[i] = byte('a' + i%26)
+				}
+				wins := [2]*window{
+					newWindow(inflight, runnelSender(b, rp, topic, body, inflight)),
+					newWindow(inflight, officialSender(b, op, topic, body, inflight)),
+				}
+				var wall, cpu [2]time.Duration
+				b.ReportAllocs()
+				b.ResetTimer()
+				for done, turn := 0, 0; done < b.N; turn++ {
+					n := min(pairedChunk, b.N-done)
+					for k := range 2 {
+						impl := (turn + k) % 2
+						b.StopTimer()
+						runtime.GC()
+						b.StartTimer()
+						t, c := time.Now(), cputime.Process()
+						wins[impl].run(n)
+						wall[impl] += time.Since(t)
+						cpu[impl] += cputime.Process() - c
+					}
+					done += n
+				}
+				b.StopTimer()
+				for impl, name := range []string{"runnel", "official"} {
+					if err := wins[impl].err(); err != nil {
+						b.Fatalf("%s: %v", name, err)
+					}
+					b.ReportMetric(float64(b.N)/wall[impl].Seconds(), name+"-msgs/s")
+					b.ReportMetric(float64(cpu[impl])/float64(time.Microsecond)/float64(b.N), name+"-cpu-us/msg")
+				}
+				b.ReportMetric(float64(wall[1])/float64(wall[0]), "x-msgs/s")
+				if cpu[0] > 0 {
+					b.ReportMetric(float64(cpu[1])/float64(cpu[0]), "x-cpu")
+				}
+			})
+		}
+	}
 }
 
 // rawSendReq is the SEND_MESSAGE_V2 request runnel's producer sends for a
@@ -181,6 +292,7 @@ func rawSendReq(topic string, queue int32, body []byte, props string) *protocol.
 }
 
 func produceClientRaw(b *testing.B, env *brokerEnv, topic string, body []byte, inflight int) {
+	defer labelClient()()
 	conn := dialTB(b, env.addr)
 	props := string(protocol.AppendProperty(protocol.AppendProperty(nil, protocol.PropUniqKey,
 		"7F000001000000000000000000000001"), protocol.PropWaitStoreMsgOK, "true"))
@@ -248,6 +360,7 @@ func BenchmarkClientPull(b *testing.B) {
 // b.N messages were read, and reports msgs/s.
 func pullLoop(b *testing.B, preload int64, pull func(off int64) int) {
 	b.Helper()
+	defer labelClient()()
 	pull(0) // warm the route and connection
 	b.SetBytes(128)
 	m := startMeasure(b)
