@@ -31,14 +31,18 @@ import (
 const envAbuseFull = "RUNNEL_ABUSE_FULL"
 
 // envAbuseLatency makes TestBrokerAbuse fail when the healthy client's p99
-// under attack exceeds 2x its baseline. Off by default: on a shared two-core
-// machine the attackers' process and other work share the cores with the
-// broker, and the baseline's own p99 varies about 2x from run to run. At
-// the full counts the bound held in 3 of 3 runs without -race (1.3x-1.8x)
-// and 7 of 7 with -race (0.5x-1.7x), but with -race the healthy client
-// still stalls for up to 0.4-0.8 s while the parked pulls of the
-// non-reading clients are woken and served (work a reading consumer would
-// cause too): the logged max and missing sends show it, the p99 does not.
+// under attack exceeds 2x its baseline. Off by default: on a shared
+// two-core machine other work shares the cores with the broker, and the
+// baseline's own p99 varies about 3x from run to run (0.5-1.7 ms at a load
+// average of 9-16), so that a busy second or two of the machine within the
+// attack's ten decide. At the full counts, the attackers at the lowest CPU
+// priority, the bound held in 6 of 8 runs without -race at a load average
+// of 9-16 (0.85x-3.5x, median 1.6x); the logged CPU figures show the
+// machine's share (the process's threads waited for a CPU 0.4-0.9 s per
+// second before the attack too). The healthy client still stalls for tens
+// to a few hundred ms while the parked pulls of the non-reading clients
+// are woken and served (work a reading consumer would cause too): the
+// logged max and missing sends show it, the p99 barely does.
 const envAbuseLatency = "RUNNEL_ABUSE_LATENCY"
 
 // abuseCounts sizes TestBrokerAbuse.
@@ -122,8 +126,9 @@ func TestBrokerAbuse(t *testing.T) {
 	markNow := func(name string) { marks = append(marks, newMark(name)) }
 
 	// The attackers run in a process of their own, as they would on other
-	// machines: they share the two cores, but not this process's Go
-	// scheduler, heap and GC with the broker and the healthy client.
+	// machines: they share the two cores, at the lowest priority
+	// (lowerPriority), but not this process's Go scheduler, heap and GC
+	// with the broker and the healthy client.
 	acceptedAttack := b.ServerStats().Accepted
 	atk := startAttacker(t, addr)
 	defer atk.stop()
@@ -267,7 +272,7 @@ func TestBrokerAbuse(t *testing.T) {
 	const perConn = 8 << 10
 	open := uint64(n.slow + n.idle + n.pullers)
 	limit := heapBefore + open*perConn + uint64(n.pullers)*(2*outBound+96<<10) + 16<<20
-	limitHeld := heapBefore + uint64(n.slow+n.idle)*perConn + 8<<20
+	limitHeld := heapBefore + uint64(n.slow+n.idle)*perConn + 16<<20
 	for _, c := range []struct {
 		name      string
 		got, want uint64
@@ -565,6 +570,7 @@ func TestBrokerAbuseAttacker(t *testing.T) {
 	}
 	n := abuseCountsFromEnv()
 	raiseNoFile(t, uint64(n.slow+n.idle+n.pullers+n.flood+256))
+	lowerPriority()
 	say := func(ev string, val any) { fmt.Printf("ABUSE %s %v\n", ev, val) }
 	commands := make(chan string)
 	go func() { // ends with the input, which the parent closes last (or with the process, after a failure)
@@ -673,6 +679,25 @@ func TestBrokerAbuseAttacker(t *testing.T) {
 		}()
 	}
 	for range commands { // until the input ends
+	}
+}
+
+// lowerPriority gives the threads of this process the lowest scheduling
+// priority (nice 19), where the system allows: the attackers stand in for
+// other machines, and their own CPU use (dialing, trickling, pulling, the
+// kernel's loopback work done on their behalf) is theirs, not the
+// broker's; at the same priority it takes the shared cores from the broker
+// and shows as the broker's latency. Threads started later inherit it.
+func lowerPriority() {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		_ = syscall.Setpriority(syscall.PRIO_PROCESS, 0, 19) // best effort: a figure, not a result, depends on it
+		return
+	}
+	for _, task := range tasks {
+		if tid, err := strconv.Atoi(task.Name()); err == nil {
+			_ = syscall.Setpriority(syscall.PRIO_PROCESS, tid, 19) // best effort, as above
+		}
 	}
 }
 
