@@ -414,8 +414,8 @@ func (b *Backend) expireCurrent() {
 	if len(b.ttl) == 0 {
 		return
 	}
-	for i := range b.cur.ents {
-		e := &b.cur.ents[i]
+	for i := range b.cur.ents.len() {
+		e := b.cur.ents.at(uint32(i))
 		k := e.key
 		if e.del || e.gone || len(k) < 3 {
 			continue
@@ -451,7 +451,7 @@ func (b *Backend) Committed(id uint64) {
 		b.cache.merge(l)
 	}
 	b.release(id)
-	if n > 0 && len(b.frozen[n-1].ents) <= maxLayerHint {
+	if n > 0 && b.frozen[n-1].ents.len() <= maxLayerHint {
 		if b.lastID <= id {
 			b.spare = b.frozen[n-1] // no Part in flight holds it
 		} else {
@@ -477,7 +477,7 @@ outer:
 		if checked == 8 {
 			return
 		}
-		if l.ents[i].del {
+		if l.ents.at(i).del {
 			continue
 		}
 		key := unsafeBytes(k)
@@ -487,7 +487,7 @@ outer:
 			}
 		}
 		v, ok, err := b.store.GetState(b.uid, binary.BigEndian.Uint16(key), key[2:])
-		if err == nil && (!ok || string(v) != string(l.ents[i].val)) {
+		if err == nil && (!ok || string(v) != string(l.ents.at(i).val)) {
 			panic("state: a committed change is not in the store")
 		}
 		checked++
@@ -537,7 +537,7 @@ type part struct {
 func (p *part) SizeHint() int {
 	n := 0
 	for _, l := range p.layers {
-		n += int(l.bytes) + len(l.ents)*(len(p.uid)+8)
+		n += int(l.bytes) + l.ents.len()*(len(p.uid)+8)
 	}
 	return max(n, 0)
 }
@@ -558,7 +558,7 @@ func (p *part) WriteTo(w *checkpoint.Writer) error {
 			key := unsafeBytes(sk.key)
 			kg := binary.BigEndian.Uint16(key)
 			var err error
-			if e := &l.ents[i]; e.del {
+			if e := l.ents.at(i); e.del {
 				err = w.DeleteState(p.uid, kg, key[2:])
 			} else {
 				err = w.PutState(p.uid, kg, key[2:], e.val)
@@ -587,8 +587,8 @@ type sortKey struct {
 func sortedEntries(l *layer) []sortKey {
 	// lcp: the length of the part after the key group that all keys share.
 	first, lcp := "", -1
-	for i := range l.ents {
-		e := &l.ents[i]
+	for i := range l.ents.len() {
+		e := l.ents.at(uint32(i))
 		if !e.written() {
 			continue
 		}
@@ -606,8 +606,8 @@ func sortedEntries(l *layer) []sortKey {
 	// The sort's buffers stay with the layer (and with the layers that
 	// reuse it): only Commits, which are serialised, touch them.
 	out := slices.Grow(l.sortBuf[:0], len(l.index))
-	for i := range l.ents {
-		e := &l.ents[i]
+	for i := range l.ents.len() {
+		e := l.ents.at(uint32(i))
 		if !e.written() {
 			continue
 		}
@@ -788,7 +788,7 @@ func expired(val []byte, cfg *stateConfig) bool {
 // its limit. Only the backend's goroutine uses it.
 type readCache struct {
 	index map[string]uint32 // key (in the arena) -> ents index
-	ents  []cacheEntry
+	ents  chunked[cacheEntry]
 	arena arena
 	bytes int64
 	limit int64
@@ -815,17 +815,17 @@ func (c *readCache) getSlot(key []byte) (val []byte, ok bool, slot uint32, hit b
 	if !hit {
 		return nil, false, 0, false
 	}
-	e := &c.ents[i]
+	e := c.ents.at(i)
 	return e.val, e.ok, i + 1, true
 }
 
 func (c *readCache) reset() {
-	n := len(c.ents)
-	c.index, c.ents, c.arena, c.bytes = nil, nil, arena{}, 0
+	n := c.ents.len()
+	c.index, c.arena, c.bytes = nil, arena{}, 0
+	c.ents.reset()
 	c.gen++
 	if n > 0 {
 		c.index = make(map[string]uint32, n)
-		c.ents = make([]cacheEntry, 0, n)
 	}
 }
 
@@ -845,16 +845,15 @@ func (c *readCache) put(key string, val []byte, ok bool) uint32 {
 			c.index = make(map[string]uint32)
 		}
 	}
-	i := uint32(len(c.ents))
+	i := c.ents.add(cacheEntry{val: c.arena.copy(val), ok: ok})
 	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = i
-	c.ents = append(c.ents, cacheEntry{val: c.arena.copy(val), ok: ok})
 	c.bytes += int64(len(key)+len(val)) + 64
 	return i + 1
 }
 
 // set overwrites slot i's value.
 func (c *readCache) set(i uint32, val []byte, ok bool) {
-	e := &c.ents[i]
+	e := c.ents.at(i)
 	c.bytes += int64(len(val) - len(e.val))
 	if cap(e.val) >= len(val) {
 		e.val = e.val[:len(val)]
@@ -874,11 +873,11 @@ func (c *readCache) merge(l *layer) {
 	if len(l.ranges) > 0 {
 		c.reset()
 	}
-	for i := range l.ents {
-		e := &l.ents[i]
+	for i := range l.ents.len() {
+		e := l.ents.at(uint32(i))
 		switch {
 		case e.nocache || !e.written():
-		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= len(c.ents):
+		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= c.ents.len():
 			c.set(e.cslot-1, e.val, !e.del)
 		case e.del:
 			// Cache a deletion only over a cached value: a key that is

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 )
 
 func benchKeys(n int) [][]byte {
@@ -298,5 +299,77 @@ func BenchmarkSortedEntries(b *testing.B) {
 		if got := sortedEntries(be.cur); len(got) != 100_001 {
 			b.Fatal(len(got))
 		}
+	}
+}
+
+// BenchmarkWindowCountCheckpointed is the tumbling-window count of the
+// end-to-end benchmark (BenchmarkKeyedAgg kind=window) on one subtask, as
+// the window operator drives the backend: 50k int64 keys in a scattered
+// order, about 10 records per key and window; per record GetBuffered of
+// the key's window (a window memory does not know asks the timer index,
+// then KnownAbsent), Put, and a timer for a new window; at each window's
+// end every timer fires (Get, Delete). A checkpoint (snapshot, commit,
+// Committed) every `every` records is timed too: it is part of the cost.
+func BenchmarkWindowCountCheckpointed(b *testing.B) {
+	for _, every := range []int{100_000, 400_000} {
+		b.Run(fmt.Sprint("every=", every), func(b *testing.B) {
+			const keys, perWindow = 50_000, 500_000
+			s := openStore(b, b.TempDir())
+			be := newBackend(b, s)
+			m := must(NewMap(be, "window.acc", Int64Codec(), Int64Codec()))
+			tm := must(NewTimers(be, "runnel.timers"))
+			kbuf := make([]byte, 0, 8)
+			id := uint64(0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := cputime.Process()
+			defer func() {
+				b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			}()
+			for i := range b.N {
+				end := int64(i/perWindow+1) * 60_000
+				if i > 0 && i%perWindow == 0 {
+					for tmr, err := range tm.Due(EventTime, end-60_000) {
+						if err != nil {
+							b.Fatal(err)
+						}
+						be.SetCurrentKeyGroup(tmr.Key, tmr.KeyGroup)
+						if _, ok, err := m.Get(tmr.Timestamp); err != nil || !ok {
+							b.Fatal("fired window without state", err)
+						}
+						if err := m.Delete(tmr.Timestamp); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				if i > 0 && i%every == 0 {
+					id++
+					checkpointNow(b, s, be, id)
+				}
+				kbuf, _ = Int64Codec().Append(kbuf[:0], int64((uint64(i)*7919)%keys))
+				be.SetCurrentKey(kbuf)
+				n, ok, known, err := m.GetBuffered(end)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !known {
+					if tm.Has(EventTime, end) {
+						if n, ok, err = m.Get(end); err != nil {
+							b.Fatal(err)
+						}
+					} else {
+						m.KnownAbsent()
+					}
+				}
+				if err := m.Put(end, n+1); err != nil {
+					b.Fatal(err)
+				}
+				if !ok {
+					if err := tm.Register(EventTime, end); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }

@@ -16,7 +16,7 @@ func partKeys(t *testing.T, b *Backend, id uint64) (map[string]bool, func()) {
 	for _, l := range p.layers {
 		for _, sk := range sortedEntries(l) {
 			k := sk.key[2:]
-			if l.ents[sk.i].del {
+			if l.ents.at(sk.i).del {
 				k = "-" + k
 			}
 			out[k] = true

@@ -14,7 +14,7 @@ import (
 type layer struct {
 	id    uint64            // snapshot id once frozen
 	index map[string]uint32 // key -> ents index; keys live in the arena
-	ents  []entry
+	ents  chunked[entry]
 	// memo is the index in ents of the entry last found or inserted (-1:
 	// none): a handle's Get then Set of the same key costs one map lookup.
 	// Only the backend's goroutine reads or writes it.
@@ -88,7 +88,7 @@ const maxLayerHint = 1 << 20
 // checkpoint as it did in the last one).
 func newLayer(hint int) *layer {
 	hint = min(hint, maxLayerHint)
-	return &layer{index: make(map[string]uint32, hint), ents: make([]entry, 0, hint), tail: make([]string, 0, hint), memo: -1}
+	return &layer{index: make(map[string]uint32, hint), tail: make([]string, 0, hint), memo: -1}
 }
 
 // reuse empties a committed layer for use as the next current layer,
@@ -96,9 +96,9 @@ func newLayer(hint int) *layer {
 // may still refer to its keys or values.
 func (l *layer) reuse() {
 	clear(l.index)
-	clear(l.ents)
+	l.ents.reset()
 	clear(l.tail)
-	l.id, l.ents, l.memo, l.ranges, l.bytes = 0, l.ents[:0], -1, nil, 0
+	l.id, l.memo, l.ranges, l.bytes = 0, -1, nil, 0
 	l.sorted, l.tail, l.tailSorted = nil, l.tail[:0], nil
 	l.missOK = false
 	clear(l.sortBuf)
@@ -126,7 +126,7 @@ func (l *layer) takeMiss(key []byte) (e entry, ok bool) {
 
 // find returns the index in ents of key, if the layer has it.
 func (l *layer) find(key []byte) (uint32, bool) {
-	if m := l.memo; m >= 0 && l.ents[m].key == string(key) {
+	if m := l.memo; m >= 0 && l.ents.at(uint32(m)).key == string(key) {
 		return uint32(m), true
 	}
 	i, ok := l.index[string(key)]
@@ -149,7 +149,7 @@ func unsafeString(b []byte) string {
 // it is a deletion) or not known to this layer.
 func (l *layer) lookup(key []byte) (e *entry, masked bool) {
 	if i, ok := l.find(key); ok {
-		return &l.ents[i], false
+		return l.ents.at(i), false
 	}
 	if len(l.ranges) != 0 && l.covered(unsafeString(key)) {
 		return nil, true
@@ -171,7 +171,7 @@ func (l *layer) put(key, val []byte) {
 		return
 	}
 	if i, ok := l.find(key); ok {
-		e := &l.ents[i]
+		e := l.ents.at(i)
 		if !e.del && cap(e.val) >= len(val) {
 			l.bytes += int64(len(val) - len(e.val))
 			e.val = e.val[:len(val)]
@@ -188,10 +188,10 @@ func (l *layer) put(key, val []byte) {
 // appendTo appends extra to key's value, which must be a put in this layer.
 func (l *layer) appendTo(key, extra []byte) bool {
 	i, ok := l.find(key)
-	if !ok || l.ents[i].del {
+	if !ok || l.ents.at(i).del {
 		return false
 	}
-	e := &l.ents[i]
+	e := l.ents.at(i)
 	e.val = append(e.val, extra...)
 	l.bytes += int64(len(extra))
 	return true
@@ -205,7 +205,7 @@ func (l *layer) del(key []byte) {
 		return
 	}
 	if i, ok := l.find(key); ok {
-		e := &l.ents[i]
+		e := l.ents.at(i)
 		l.bytes -= int64(len(e.val))
 		e.val, e.del = nil, true
 		return
@@ -217,7 +217,7 @@ func (l *layer) del(key []byte) {
 // value visible: a new entry is fresh. Timer entries are never cached.
 func (l *layer) putTimer(key []byte) {
 	if i, ok := l.find(key); ok {
-		e := &l.ents[i]
+		e := l.ents.at(i)
 		l.bytes -= int64(len(e.val))
 		e.val, e.del = []byte{}, false
 		return
@@ -228,7 +228,7 @@ func (l *layer) putTimer(key []byte) {
 // delTimer records the deletion of a timer key (see putTimer).
 func (l *layer) delTimer(key []byte) {
 	if i, ok := l.find(key); ok {
-		e := &l.ents[i]
+		e := l.ents.at(i)
 		l.bytes -= int64(len(e.val))
 		e.val, e.del = nil, true
 		return
@@ -244,10 +244,10 @@ func (e *entry) written() bool { return !e.gone && !(e.del && e.fresh) }
 func (l *layer) insert(key []byte, e entry) {
 	l.missOK = false
 	k := unsafeString(l.arena.copy(key))
-	l.memo = int32(len(l.ents))
-	l.index[k] = uint32(len(l.ents))
 	e.key = k
-	l.ents = append(l.ents, e)
+	i := l.ents.add(e)
+	l.memo = int32(i)
+	l.index[k] = i
 	l.tail = append(l.tail, k)
 	l.tailSorted = nil
 	l.bytes += int64(len(key)+len(e.val)) + 48
@@ -265,8 +265,8 @@ func (l *layer) deleteRange(from, to []byte) {
 				break
 			}
 			if i, ok := l.index[k]; ok {
-				l.bytes -= int64(len(l.ents[i].val))
-				l.ents[i].gone = true
+				l.bytes -= int64(len(l.ents.at(i).val))
+				l.ents.at(i).gone = true
 				delete(l.index, k)
 			}
 		}
@@ -366,4 +366,45 @@ func prefixEnd(p []byte) []byte {
 		}
 	}
 	return nil
+}
+
+// chunked is an append-only slice of T in fixed chunks of chunkLen: it
+// grows without copying what it holds (a layer or read cache of a million
+// entries otherwise copies them again at every growth), and reset keeps
+// the chunks for reuse.
+type chunked[T any] struct {
+	chunks [][]T // each of length chunkLen; chunks[:used] hold elements
+	n      int
+}
+
+const (
+	chunkShift = 10
+	chunkLen   = 1 << chunkShift
+	chunkMask  = chunkLen - 1
+)
+
+// len returns the number of elements.
+func (c *chunked[T]) len() int { return c.n }
+
+// at returns element i (i < len).
+func (c *chunked[T]) at(i uint32) *T { return &c.chunks[i>>chunkShift][i&chunkMask] }
+
+// add appends x and returns its index.
+func (c *chunked[T]) add(x T) uint32 {
+	k := c.n >> chunkShift
+	if k == len(c.chunks) {
+		c.chunks = append(c.chunks, make([]T, chunkLen))
+	}
+	c.chunks[k][c.n&chunkMask] = x
+	c.n++
+	return uint32(c.n - 1)
+}
+
+// reset empties c, zeroing the elements it held (so their memory can go)
+// and keeping its chunks.
+func (c *chunked[T]) reset() {
+	for k := 0; k<<chunkShift < c.n; k++ {
+		clear(c.chunks[k])
+	}
+	c.n = 0
 }

@@ -83,7 +83,7 @@ func TestSortedEntries(t *testing.T) {
 		t.Fatalf("%d entries, want %d", len(got), len(want))
 	}
 	for i, sk := range got {
-		if !want[sk.key] || l.ents[sk.i].key != sk.key {
+		if !want[sk.key] || l.ents.at(sk.i).key != sk.key {
 			t.Fatalf("entry %d %q: not a live key of the layer", i, sk.key)
 		}
 		if i > 0 && got[i-1].key >= sk.key {
