@@ -375,3 +375,46 @@ func FuzzDecodeTxn(f *testing.F) {
 		}
 	})
 }
+
+// TestExactlyOnceRetriesHalfSends: half sends that fail (no such topic yet)
+// are tried again with backoff, and the epoch commits every record once
+// the topic exists; sends that fail for good fail PreCommit.
+func TestExactlyOnceRetriesHalfSends(t *testing.T) {
+	cl := newCluster(t, broker.WithAutoCreateTopics(false))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newEO(t, cl, TxGroup("job", "retry"), "eo_later", WithTxRetry(40, backoff.Policy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}))
+	if err := s.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		if err := s.Write(ctx, keyed{Key: "k" + strconv.Itoa(i%3), Seq: i / 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // every first attempt has failed
+	cl.createTopic("eo_later", 2)
+	txn, err := s.PreCommit(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, txn); err != nil {
+		t.Fatal(err)
+	}
+	if got := cl.readTopic("eo_later"); len(got) != n {
+		t.Fatalf("%d records visible, want %d", len(got), n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	never := newEO(t, cl, TxGroup("job", "never"), "eo_never", WithTxRetry(3, backoff.Policy{Initial: time.Millisecond}))
+	defer never.Close()
+	if err := never.Write(ctx, keyed{Key: "k", Seq: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := never.PreCommit(ctx, 1); err == nil || !strings.Contains(err.Error(), "failed after 3 attempts") {
+		t.Fatalf("PreCommit with a half send failing for good: %v", err)
+	}
+}
