@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/pipeline/window"
 	"github.com/runnel-dev/runnel/state"
@@ -566,7 +567,36 @@ func TestWindowStateRestored(t *testing.T) {
 		return sorted(fmtResults(out.all()))
 	}
 	equal(t, "first run", run(2), []string{})
+	storedWindowState(t, dir, 2) // a and b in [0s,10s), with their timers
 	equal(t, "resumed run", run(0), sorted([]string{
 		"a [0s,10s) 2 #0", "b [0s,10s) 1 #0", "c [0s,10s) 1 #0", "a [10s,20s) 1 #0",
 	}))
+	// Every window fired: the windows stored by the first run were
+	// deleted from the store, and those of the second run (created and
+	// fired between two checkpoints) left nothing.
+	storedWindowState(t, dir, 0)
+}
+
+// storedWindowState checks that the window operator "w" of a job with
+// checkpoints in dir has want window accumulators and want event timers in
+// the store.
+func storedWindowState(t *testing.T, dir string, want int) {
+	t.Helper()
+	s, err := checkpoint.Open(dir, checkpoint.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, name := range []string{"window.acc", "runnel.timers"} {
+		prefix := append([]byte{byte(len(name))}, name...)
+		n := 0
+		for kg := range state.DefaultMaxParallelism {
+			if err := s.ScanState("w", uint16(kg), prefix, func(_, _ []byte) bool { n++; return true }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n != want {
+			t.Errorf("%s: %d entries in the store, want %d", name, n, want)
+		}
+	}
 }
