@@ -141,7 +141,12 @@ func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) 
 	if commit {
 		typ = protocol.SysFlagTransactionCommit
 	}
-	req := protocol.NewRequest(protocol.ReqEndTransaction)
+	// A pooled command, as the send path uses: its ext fields' storage is
+	// reused (invoke has encoded the request once it returns).
+	req := p.cmds.Get().(*protocol.Command)
+	req.Code = protocol.ReqEndTransaction
+	req.Flag, req.Opaque, req.Remark = 0, 0, ""
+	defer p.putCmd(req)
 	eh := protocol.EndTransactionRequestHeader{
 		Topic:                h.Topic,
 		ProducerGroup:        group,
