@@ -30,19 +30,21 @@ import (
 // 500 beyond the cap) instead of the scaled-down default (200, 200, 20, 100).
 const envAbuseFull = "RUNNEL_ABUSE_FULL"
 
-// envAbuseLatency makes TestBrokerAbuse fail when the healthy client's p99
-// under attack exceeds 2x its baseline. Off by default: on a shared
-// two-core machine other work shares the cores with the broker, and the
-// baseline's own p99 varies about 3x from run to run (0.5-1.7 ms at a load
-// average of 9-16), so that a busy second or two of the machine within the
-// attack's ten decide. At the full counts, the attackers at the lowest CPU
-// priority, the bound held in 6 of 8 runs without -race at a load average
-// of 9-16 (0.85x-3.5x, median 1.6x); the logged CPU figures show the
-// machine's share (the process's threads waited for a CPU 0.4-0.9 s per
-// second before the attack too). The healthy client still stalls for tens
-// to a few hundred ms while the parked pulls of the non-reading clients
-// are woken and served (work a reading consumer would cause too): the
-// logged max and missing sends show it, the p99 barely does.
+// envAbuseLatency makes TestBrokerAbuse at the full counts fail when the
+// healthy client's p99 under attack exceeds 2x its baseline; at the
+// default counts the bound is always enforced. On a shared two-core
+// machine other work shares the cores with the broker, and the logged CPU
+// figures show its share (the process's threads waited for a CPU 0.4-0.9 s
+// per second before the attack too). At a load average of about 10, with
+// the attackers at the lowest CPU priority and the 8 s baseline, the ratio
+// was 1.07-1.99x (median 1.35x) in 8 of 8 runs at the full counts without
+// -race, 0.67-1.27x in 3 of 3 at the default counts with -race and
+// 1.07-1.83x in 2 of 2 without: the full counts pass, but without much
+// margin, so they enforce it on request. The healthy client still stalls
+// for tens to a few hundred ms while the abusive connections open and
+// while the parked pulls of the non-reading clients are woken and served
+// (work a reading consumer would cause too): the logged max and missing
+// sends show it, the p99 barely does.
 const envAbuseLatency = "RUNNEL_ABUSE_LATENCY"
 
 // abuseCounts sizes TestBrokerAbuse.
@@ -58,8 +60,8 @@ type abuseCounts struct{ slow, idle, pullers, flood int }
 // send must succeed. Its latency is sampled before the attack, during it
 // (from the first abusive connection until the last one is cut) and after
 // it; the attack's p99 is compared with the baseline's (before and after
-// together), enforced at 2x only with RUNNEL_ABUSE_LATENCY=1 (see
-// envAbuseLatency). Every abusive connection must be cut by its limit
+// together): at most 2x (at the full counts only with
+// RUNNEL_ABUSE_LATENCY=1; see envAbuseLatency). Every abusive connection must be cut by its limit
 // (first-frame deadline, output byte bound, connection cap, idle timeout;
 // counted in ServerStats), the live heap under attack must stay within the
 // per-connection buffers plus the pullers' bounded output, and it must come
@@ -107,13 +109,15 @@ func TestBrokerAbuse(t *testing.T) {
 	// just after every abusive connection is gone (both, so that a drift
 	// of the shared machine's load does not favour either side), the
 	// attack figures what it sees from the first abusive connection to the
-	// last one cut.
+	// last one cut. The baseline spans 8 s, near the attack's 10-12 s: a
+	// p99 is decided by the machine's busiest moments, and a window much
+	// shorter than the attack's would see fewer of them.
 	var peak, peakRSS atomic.Uint64
 	stopSampler := sampleHeap(&peak, &peakRSS) // in every phase: it stops the world briefly
 	defer stopSampler()
 	h := startHealthy(healthy, body)
 	defer h.stop()
-	const baseFor = 1500 * time.Millisecond
+	const baseFor = 4 * time.Second
 	waitUntilTime(time.Now().Add(200 * time.Millisecond)) // warm up
 	h.phase(phaseBefore)
 	beforeStart := newMark("before")
@@ -256,10 +260,10 @@ func TestBrokerAbuse(t *testing.T) {
 	p99b, p99a := percentile(base, 990), percentile(attack, 990)
 	if p99a > 2*p99b {
 		msg := fmt.Sprintf("healthy p99 under attack %v > 2x baseline %v", p99a, p99b)
-		if os.Getenv(envAbuseLatency) != "" {
+		if os.Getenv(envAbuseFull) == "" || os.Getenv(envAbuseLatency) != "" {
 			t.Error(msg)
 		} else {
-			t.Log("NOT MET (enforced with " + envAbuseLatency + "=1): " + msg)
+			t.Log("NOT MET (enforced at the full counts with " + envAbuseLatency + "=1): " + msg)
 		}
 	}
 	// Under attack: each open connection's own state (a few KiB: an idle
