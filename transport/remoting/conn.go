@@ -1192,10 +1192,13 @@ func (c *Conn) readLoop() error {
 	// The read deadline is pushed forward only when it has aged by a
 	// sixteenth of the idle timeout, sparing a syscall-side timer update per
 	// frame: a peer thus gets between 15/16 and all of the idle timeout.
+	// A frame waited for in parts (midFrame) keeps the deadline set
+	// before its first byte, as one read of it would.
 	idle := c.cfg.idleTimeout
 	var deadlineSet time.Time
+	midFrame := false
 	for {
-		if idle > 0 {
+		if idle > 0 && !midFrame {
 			if now := time.Now(); now.Sub(deadlineSet) > idle/16 {
 				_ = c.nc.SetReadDeadline(now.Add(idle)) // fails only once closed; the read then fails
 				deadlineSet = now
@@ -1224,6 +1227,7 @@ func (c *Conn) readLoop() error {
 				if err := c.sock.waitQueued(short); err != nil {
 					return c.readError(err)
 				}
+				midFrame = true
 				continue
 			}
 		}
@@ -1231,6 +1235,7 @@ func (c *Conn) readLoop() error {
 		if err != nil {
 			return c.readError(err)
 		}
+		midFrame = false
 		c.framesIn.Add(1)
 		if more := br.Buffered() > 0; more != c.readAhead.Load() {
 			c.readAhead.Store(more)

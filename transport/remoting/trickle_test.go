@@ -159,3 +159,38 @@ func activeConns(s *Server, n int64) func() error {
 		return nil
 	}
 }
+
+// TestTrickledFrameIdleTimeout checks that a frame sent in parts gets the
+// idle timeout from its first byte, as when its reader waited inside the
+// frame's read: waiting for the rest without a buffer must not push the
+// read deadline forward at each part.
+func TestTrickledFrameIdleTimeout(t *testing.T) {
+	const idle = time.Second
+	s, addr := newTestServer(t, WithIdleTimeout(idle), WithFirstFrameTimeout(0))
+	frame, err := echoReq(1).AppendFrame(nil, protocol.SerializeJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nc.Close() }()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, activeConns(s, 1))
+	start := time.Now()
+	if _, err := nc.Write(frame[:1]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idle * 9 / 10)
+	// The rest of the length word and a byte more: the reader wakes for
+	// them and waits for the rest of the frame, which never comes.
+	if _, err := nc.Write(frame[1:5]); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 5*time.Millisecond, activeConns(s, 0))
+	// Pushed forward at the second part, the deadline would be 1.9 s after
+	// the first byte.
+	if took := time.Since(start); took > idle*8/5 {
+		t.Errorf("connection with a partial frame closed %v after its first byte, idle timeout %v", took.Round(time.Millisecond), idle)
+	}
+}
