@@ -157,10 +157,17 @@ func (c *Command) decodeFrame(b []byte) error {
 }
 
 // ReadFrame reads one frame from r: the 4-byte length word n, checked to be
-// 4 <= n <= maxFrame before anything is allocated, then exactly one n-byte
-// buffer, read in full and passed to DecodeFrame. maxFrame <= 0 means
-// DefaultMaxFrameSize. The returned Command aliases that buffer, which the
-// caller then owns.
+// 4 <= n <= maxFrame before anything is allocated, then the n-byte frame,
+// passed to DecodeFrame. maxFrame <= 0 means DefaultMaxFrameSize. The
+// returned Command aliases the frame's buffer, which the caller then owns.
+//
+// A frame of up to eagerFrameSize bytes is read into one buffer of its
+// size. A larger one is read into a buffer that starts at eagerFrameSize
+// and doubles as bytes arrive, so that the memory a peer makes the reader
+// hold stays within twice what it actually sent, whatever length it
+// claims (a length word of 16 MiB followed by a trickle costs 64 KiB, not
+// 16 MiB); a frame received in full costs at most one extra copy of
+// itself.
 //
 // Errors: io.EOF when r ends cleanly before the first byte of a frame; an
 // error wrapping io.ErrUnexpectedEOF when it ends inside one; r's own error
@@ -188,14 +195,37 @@ func ReadFrame(r io.Reader, maxFrame int) (*Command, error) {
 	case int64(n) > int64(maxFrame):
 		return nil, fmt.Errorf("%w: %w: length %d exceeds the limit of %d bytes", ErrMalformedFrame, ErrFrameTooLarge, n, maxFrame)
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
+	buf, err := readFrameBody(r, int(n))
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return nil, fmt.Errorf("protocol: reading %d-byte frame: %w", n, err)
 	}
 	return DecodeFrame(buf)
+}
+
+// eagerFrameSize is the largest frame ReadFrame allocates in full before
+// its bytes arrive.
+const eagerFrameSize = 64 << 10
+
+// readFrameBody reads n bytes from r into a buffer that grows with what
+// arrives (see ReadFrame).
+func readFrameBody(r io.Reader, n int) ([]byte, error) {
+	buf := make([]byte, 0, min(n, eagerFrameSize))
+	for {
+		m, err := io.ReadFull(r, buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		switch {
+		case err != nil:
+			return nil, err
+		case len(buf) == n:
+			return buf, nil
+		}
+		grown := make([]byte, len(buf), min(n, 2*cap(buf)))
+		copy(grown, buf)
+		buf = grown
+	}
 }
 
 // readLenWord reads a frame's 4-byte length word. From a *bufio.Reader (the
