@@ -201,7 +201,9 @@ type Phase int
 
 // Phases.
 const (
-	// PhaseHalfSent: a half message was acknowledged (send goroutine).
+	// PhaseHalfSent: a half message was acknowledged (the producer's
+	// connection reader goroutine, or the sink's goroutine retrying the
+	// send: a hook blocking there stalls that connection's answers).
 	PhaseHalfSent Phase = iota + 1
 	// PhasePreCommitted: PreCommit is about to return the epoch's
 	// transaction (the checkpoint batch is written next).
@@ -392,10 +394,8 @@ type ExactlyOnce[T any] struct {
 	log    *slog.Logger
 	run    string
 
-	sem     chan struct{} // one token per half send queued or in flight
-	queue   chan sendReq  // half sends for the workers (capacity: cap(sem))
-	workers sync.WaitGroup
-	started bool // workers started (task goroutine)
+	sem     chan struct{}  // one token per half send in flight (or being retried)
+	workers sync.WaitGroup // half sends being retried (resend)
 
 	// Task-goroutine state.
 	epoch    uint64      // tag of the open epoch
@@ -459,7 +459,7 @@ func NewExactlyOnce[T any](c *client.Client, group string, mapper func(T) (*clie
 	_, _ = rand.Read(rb[:]) // never fails (crypto/rand panics instead)
 	s := &ExactlyOnce[T]{
 		c: c, group: group, mapper: mapper, cfg: cfg, log: cfg.log, run: hex.EncodeToString(rb[:]),
-		sem: make(chan struct{}, cfg.maxInFlight), queue: make(chan sendReq, cfg.maxInFlight), epoch: 1,
+		sem: make(chan struct{}, cfg.maxInFlight), epoch: 1,
 		done: make(map[string]bool),
 	}
 	if s.log == nil {
@@ -593,30 +593,71 @@ func (s *ExactlyOnce[T]) Write(ctx context.Context, v T) error {
 	return nil
 }
 
-// sendWorkers is how many goroutines send half messages (each waits for
-// its send's answer; WithTxMaxInFlight bounds the sends queued for them).
-const sendWorkers = 128
-
-// sendReq is a slot of ep to send as a half message.
-type sendReq struct {
-	ep *epochTxn
-	sl *slot
+// enqueue sends sl (a slot of ep) as a half message without waiting for
+// the broker (Producer.SendHalfAsync); the caller holds a sem token for
+// it, released once the half message is acknowledged or failed for good.
+// A failed first attempt is retried on a goroutine of the sink (resend).
+func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
+	ctx, cancel := s.attemptCtx(context.Background())
+	s.p.SendHalfAsync(ctx, sl.m, func(h client.TxHandle, err error) {
+		cancel()
+		if err == nil {
+			sl.h = h
+			s.hook(PhaseHalfSent, ep.epoch)
+			<-s.sem
+			return
+		}
+		if s.cfg.attempts <= 1 || !retryableSend(err) {
+			s.sendFailed(ep, sl, 1, err)
+			return
+		}
+		// MaybeApplied(err): an orphan half message may exist; it is rolled
+		// back by its check-back (not part of the epoch).
+		s.workers.Go(func() { s.resend(ep, sl, err) })
+	})
 }
 
-// enqueue hands a slot to the send workers (starting them on first use);
-// the caller holds a sem token for it, which the worker releases.
-func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
-	if !s.started {
-		s.started = true
-		for range min(sendWorkers, s.cfg.maxInFlight) {
-			s.workers.Go(func() {
-				for r := range s.queue {
-					s.send(r.ep, r.sl)
-				}
-			})
-		}
+// retryableSend reports whether a failed half send is tried again.
+func retryableSend(err error) bool {
+	return !errors.Is(err, client.ErrInvalidMessage) && !errors.Is(err, client.ErrClosed)
+}
+
+// resend sends sl again after its first attempt failed with err, with
+// backoff, synchronously (a sink goroutine), and releases the slot's sem
+// token. It touches only *sl and ep.mu.
+func (s *ExactlyOnce[T]) resend(ep *epochTxn, sl *slot, err error) {
+	ctx := context.Background() // bounded per attempt; the sink's retries bound the whole
+	if err = backoff.Sleep(ctx, s.cfg.retry.Delay(0)); err == nil {
+		err = backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts-1, retryableSend, func(int) error {
+			actx, cancel := s.attemptCtx(ctx)
+			defer cancel()
+			h, err := s.p.SendHalf(actx, sl.m)
+			if err != nil {
+				return err
+			}
+			sl.h = h
+			return nil
+		})
 	}
-	s.queue <- sendReq{ep: ep, sl: sl} // never blocks: the sem token reserved room
+	if err != nil {
+		s.sendFailed(ep, sl, s.cfg.attempts, err)
+		return
+	}
+	s.hook(PhaseHalfSent, ep.epoch)
+	<-s.sem
+}
+
+// sendFailed records the failure of sl's half send after tries attempts
+// (the sink fails) and releases the slot's sem token.
+func (s *ExactlyOnce[T]) sendFailed(ep *epochTxn, sl *slot, tries int, err error) {
+	err = fmt.Errorf("rocketmq sink: half message of epoch %d to %s failed after %d attempts: %w", ep.epoch, sl.m.Topic, tries, err)
+	ep.mu.Lock()
+	if ep.mu.err == nil {
+		ep.mu.err = err
+	}
+	ep.mu.Unlock()
+	s.fail(err)
+	<-s.sem
 }
 
 // refresh replaces the half messages of the open epoch when it has been
@@ -665,38 +706,6 @@ func (s *ExactlyOnce[T]) openEpoch() *epochTxn {
 		s.open = &epochTxn{epoch: s.epoch, tag: strconv.FormatUint(s.epoch, 10)}
 	}
 	return s.open
-}
-
-// send sends sl (a slot of ep) as a half message, with retries, on a send
-// worker, and releases the slot's sem token. It touches only *sl and ep.mu.
-func (s *ExactlyOnce[T]) send(ep *epochTxn, sl *slot) {
-	defer func() { <-s.sem }()
-	ctx := context.Background() // bounded per attempt; the sink's retries bound the whole
-	err := backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, func(err error) bool {
-		return !errors.Is(err, client.ErrInvalidMessage) && !errors.Is(err, client.ErrClosed)
-	}, func(int) error {
-		actx, cancel := s.attemptCtx(ctx)
-		defer cancel()
-		h, err := s.p.SendHalf(actx, sl.m)
-		if err != nil {
-			// MaybeApplied: an orphan half message may exist; it is
-			// rolled back by its check-back (not part of the epoch).
-			return err
-		}
-		sl.h = h
-		return nil
-	})
-	if err != nil {
-		err = fmt.Errorf("rocketmq sink: half message of epoch %d to %s failed after %d attempts: %w", ep.epoch, sl.m.Topic, s.cfg.attempts, err)
-		ep.mu.Lock()
-		if ep.mu.err == nil {
-			ep.mu.err = err
-		}
-		ep.mu.Unlock()
-		s.fail(err)
-		return
-	}
-	s.hook(PhaseHalfSent, ep.epoch)
 }
 
 // drain waits until no half send is in flight.
@@ -1167,9 +1176,8 @@ func (s *ExactlyOnce[T]) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.sendTimeout+closeWait)
 	defer cancel()
 	err := s.drain(ctx)
-	close(s.queue) // no Write after closed: the workers end once it is empty
 	if err == nil {
-		s.workers.Wait()
+		s.workers.Wait() // no token held: every resend is returning
 	}
 	if job := s.inflight; job != nil {
 		<-job.done // bounded by the retries of each END_TRANSACTION

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -67,6 +68,11 @@ func (p *Producer) SendHalf(ctx context.Context, msg *Message) (TxHandle, error)
 	if err != nil {
 		return TxHandle{}, err
 	}
+	return p.halfHandle(msg.Topic, res)
+}
+
+// halfHandle returns the handle of the half message res acknowledged.
+func (p *Producer) halfHandle(topic string, res SendResult) (TxHandle, error) {
 	_, phys, err := protocol.ParseOffsetMsgID(res.OffsetMsgID)
 	if err != nil {
 		return TxHandle{}, fmt.Errorf("client: half message stored on %s but its offset id %q is invalid: %w", res.BrokerAddr, res.OffsetMsgID, err)
@@ -77,7 +83,7 @@ func (p *Producer) SendHalf(ctx context.Context, msg *Message) (TxHandle, error)
 	}
 	return TxHandle{
 		ProducerGroup:        p.group,
-		Topic:                msg.Topic,
+		Topic:                topic,
 		BrokerName:           res.Queue.BrokerName,
 		BrokerAddr:           res.BrokerAddr,
 		TranStateTableOffset: res.QueueOffset,
@@ -86,6 +92,56 @@ func (p *Producer) SendHalf(ctx context.Context, msg *Message) (TxHandle, error)
 		TransactionID:        txID,
 		OffsetMsgID:          res.OffsetMsgID,
 	}, nil
+}
+
+// SendHalfAsync sends msg as a half message like SendHalf, without waiting
+// for the broker: cb is called exactly once with the handle or the error.
+// It blocks only to validate, resolve the route and wait for room on the
+// connection (bounded by ctx); ctx also bounds the wait for the answer
+// (without a deadline, the send timeout). There is no retry: after an
+// error, MaybeApplied(err) tells whether an orphan half message may exist
+// (it will be checked back). cb runs on the connection's reader goroutine
+// (or on the caller's when the send fails early) and must not block; it
+// must not call Client.Close.
+func (p *Producer) SendHalfAsync(ctx context.Context, msg *Message, cb func(TxHandle, error)) {
+	if p.closed.Load() {
+		cb(TxHandle{}, ErrClosed)
+		return
+	}
+	var ob outbound
+	if err := p.prepare(&ob, []*Message{msg}, true); err != nil {
+		cb(TxHandle{}, err)
+		return
+	}
+	defer p.release(&ob)
+	if p.cfg.checkListener != nil {
+		p.announce(ctx, ob.topic)
+	}
+	q, addr, err := p.pick(ctx, &ob, "")
+	if err != nil {
+		cb(TxHandle{}, err)
+		return
+	}
+	topic := msg.Topic
+	now := time.Now()
+	a := p.asyncs.Get().(*asyncSend)
+	a.cb = func(res SendResult, err error) {
+		if err != nil {
+			cb(TxHandle{}, err)
+			return
+		}
+		cb(p.halfHandle(topic, res))
+	}
+	a.q, a.addr, a.msgID, a.start = q, addr, ob.msgID, now
+	cn, err := p.c.conn(ctx, addr)
+	if err != nil {
+		a.finish(nil, err)
+		return
+	}
+	cmd := p.buildCmd(&ob, q, now)
+	p.c.sign(cmd)
+	cn.InvokeAsyncTimeout(ctx, cmd, p.attemptTimeout(ctx), a.onResponse)
+	p.putCmd(cmd)
 }
 
 // announce sends a heartbeat carrying this producer's group to the
