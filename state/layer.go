@@ -40,12 +40,16 @@ type layer struct {
 	arena  arena
 	bytes  int64
 
-	// Sort caches for ordered iteration: sorted is an immutable sorted run;
-	// tail holds keys added since (unsorted); tailSorted caches a sorted
-	// copy of tail. Runs may hold keys no longer in index (removed by a
+	// Sort caches for ordered iteration: sorted is an immutable sorted run
+	// of the keys of ents[:tailFrom]; the tail, ents[tailFrom:], holds the
+	// entries added since (unsorted); tailSorted caches a sorted copy of
+	// the tail's keys. Runs may hold keys no longer in index (removed by a
 	// range deletion) and duplicates; readers resolve keys through index.
+	// (The tail is not kept as a slice of its own: most layers are never
+	// iterated in order, and an append per insert cost more than
+	// collecting the keys when one is.)
 	sorted     []string
-	tail       []string
+	tailFrom   int
 	tailSorted []string
 
 	// sortBuf and sortTmp are the checkpoint's sort buffers (see
@@ -88,7 +92,7 @@ const maxLayerHint = 1 << 20
 // checkpoint as it did in the last one).
 func newLayer(hint int) *layer {
 	hint = min(hint, maxLayerHint)
-	return &layer{index: make(map[string]uint32, hint), tail: make([]string, 0, hint), memo: -1}
+	return &layer{index: make(map[string]uint32, hint), memo: -1}
 }
 
 // reuse empties a committed layer for use as the next current layer,
@@ -97,9 +101,8 @@ func newLayer(hint int) *layer {
 func (l *layer) reuse() {
 	clear(l.index)
 	l.ents.reset()
-	clear(l.tail)
 	l.id, l.memo, l.ranges, l.bytes = 0, -1, nil, 0
-	l.sorted, l.tail, l.tailSorted = nil, l.tail[:0], nil
+	l.sorted, l.tailFrom, l.tailSorted = nil, 0, nil
 	l.missOK = false
 	clear(l.sortBuf)
 	clear(l.sortTmp)
@@ -248,7 +251,6 @@ func (l *layer) insert(key []byte, e entry) {
 	i := l.ents.add(e)
 	l.memo = int32(i)
 	l.index[k] = i
-	l.tail = append(l.tail, k)
 	l.tailSorted = nil
 	l.bytes += int64(len(key)+len(e.val)) + 48
 }
@@ -283,11 +285,21 @@ func (l *layer) deleteRange(from, to []byte) {
 	l.bytes += int64(len(f) + len(t))
 }
 
+// tailKeys returns a new slice of the keys of the entries added since
+// sorted was built (the tail), unsorted.
+func (l *layer) tailKeys() []string {
+	t := make([]string, 0, l.ents.len()-l.tailFrom)
+	for i := l.tailFrom; i < l.ents.len(); i++ {
+		t = append(t, l.ents.at(uint32(i)).key)
+	}
+	return t
+}
+
 // runs returns the layer's sorted key runs (at most two). The returned
 // slices are never modified afterwards.
 func (l *layer) runs() [][]string {
-	if len(l.tail) > 1024 && len(l.tail) > len(l.sorted)/4 {
-		t := slices.Clone(l.tail)
+	if n := l.ents.len() - l.tailFrom; n > 1024 && n > len(l.sorted)/4 {
+		t := l.tailKeys()
 		slices.Sort(t)
 		merged := make([]string, 0, len(l.sorted)+len(t))
 		i, j := 0, 0
@@ -301,10 +313,10 @@ func (l *layer) runs() [][]string {
 			}
 		}
 		merged = append(append(merged, l.sorted[i:]...), t[j:]...)
-		l.sorted, l.tail, l.tailSorted = merged, nil, nil
+		l.sorted, l.tailFrom, l.tailSorted = merged, l.ents.len(), nil
 	}
-	if len(l.tail) > 0 && l.tailSorted == nil {
-		l.tailSorted = slices.Clone(l.tail)
+	if l.ents.len() > l.tailFrom && l.tailSorted == nil {
+		l.tailSorted = l.tailKeys()
 		slices.Sort(l.tailSorted)
 	}
 	out := make([][]string, 0, 2)
