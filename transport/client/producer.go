@@ -369,6 +369,13 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 		cb(SendResult{}, err)
 		return
 	}
+	p.sendPickedAsync(ctx, &ob, q, addr, cb)
+}
+
+// sendPickedAsync sends ob to queue q at addr without waiting, with one
+// attempt: cb gets the outcome on the connection's reader goroutine (or
+// at once when the connection cannot be had).
+func (p *Producer) sendPickedAsync(ctx context.Context, ob *outbound, q protocol.MessageQueue, addr string, cb func(SendResult, error)) {
 	now := time.Now()
 	a := p.asyncs.Get().(*asyncSend)
 	a.cb, a.q, a.addr, a.msgID, a.start = cb, q, addr, ob.msgID, now
@@ -377,7 +384,7 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 		a.finish(nil, err)
 		return
 	}
-	cmd := p.buildCmd(&ob, q, now)
+	cmd := p.buildCmd(ob, q, now)
 	p.c.sign(cmd)
 	cn.InvokeAsyncTimeout(ctx, cmd, p.attemptTimeout(ctx), a.onResponse)
 	p.putCmd(cmd)

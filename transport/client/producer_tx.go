@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -123,25 +122,13 @@ func (p *Producer) SendHalfAsync(ctx context.Context, msg *Message, cb func(TxHa
 		return
 	}
 	topic := msg.Topic
-	now := time.Now()
-	a := p.asyncs.Get().(*asyncSend)
-	a.cb = func(res SendResult, err error) {
+	p.sendPickedAsync(ctx, &ob, q, addr, func(res SendResult, err error) {
 		if err != nil {
 			cb(TxHandle{}, err)
 			return
 		}
 		cb(p.halfHandle(topic, res))
-	}
-	a.q, a.addr, a.msgID, a.start = q, addr, ob.msgID, now
-	cn, err := p.c.conn(ctx, addr)
-	if err != nil {
-		a.finish(nil, err)
-		return
-	}
-	cmd := p.buildCmd(&ob, q, now)
-	p.c.sign(cmd)
-	cn.InvokeAsyncTimeout(ctx, cmd, p.attemptTimeout(ctx), a.onResponse)
-	p.putCmd(cmd)
+	})
 }
 
 // announce sends a heartbeat carrying this producer's group to the
