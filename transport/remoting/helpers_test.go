@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -161,4 +162,24 @@ func checkEcho(resp *protocol.Command, n int) error {
 		return fmt.Errorf("resp remark %q body %q, want n=%d", resp.Remark, resp.Body, n)
 	}
 	return nil
+}
+
+// dialConns opens n plain TCP connections to addr, closed when the test
+// ends (before the server the test started earlier).
+func dialConns(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	ncs := make([]net.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, nc := range ncs {
+			_ = nc.Close()
+		}
+	})
+	for range n {
+		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		ncs = append(ncs, nc)
+	}
+	return ncs
 }

@@ -2,7 +2,6 @@ package remoting
 
 import (
 	"bufio"
-	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -28,18 +27,8 @@ func TestIdleConnHeap(t *testing.T) {
 	}
 	before := liveHeap()
 	g0, stack0 := runtime.NumGoroutine(), stackInuse()
-	ncs := make([]net.Conn, 0, conns)
-	defer func() {
-		for _, nc := range ncs {
-			_ = nc.Close()
-		}
-	}()
-	for range conns {
-		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatalf("dial: %v", err)
-		}
-		ncs = append(ncs, nc)
+	ncs := dialConns(t, addr, conns)
+	for _, nc := range ncs {
 		if _, err := nc.Write(frame); err != nil {
 			t.Fatalf("write: %v", err)
 		}

@@ -32,19 +32,7 @@ func TestTrickledFrameHeap(t *testing.T) {
 	}
 	half := len(frame) / 2
 	before := liveHeap()
-	ncs := make([]net.Conn, 0, conns)
-	defer func() {
-		for _, nc := range ncs {
-			_ = nc.Close()
-		}
-	}()
-	for range conns {
-		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatalf("dial: %v", err)
-		}
-		ncs = append(ncs, nc)
-	}
+	ncs := dialConns(t, addr, conns)
 	// A byte per connection per round, so that each byte arrives on its
 	// own (the reader wakes for the first ones, and counts what is queued).
 	trickleBytes(t, ncs, frame[:half])
