@@ -59,6 +59,7 @@ func crashChild() int {
 		pipeline.CheckpointDir(filepath.Join(dir, "job")),
 		pipeline.CheckpointInterval(100 * time.Millisecond),
 		pipeline.DefaultParallelism(max(par, 1)),
+		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if os.Getenv(envControl) != "" {
 		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
@@ -130,7 +131,7 @@ func runCrashSchedule(t *testing.T, seed uint64, kills int, control bool) map[ui
 		}
 		return cmd
 	}
-	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(400)) * time.Millisecond }, nil)
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(400)) * time.Millisecond }, nil, markerPath(dir))
 	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
 		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
 	if err != nil {

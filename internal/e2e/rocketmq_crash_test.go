@@ -134,6 +134,7 @@ func TestRocketMQCrashChild(t *testing.T) {
 		pipeline.CheckpointDir(filepath.Join(dir, "job")),
 		pipeline.CheckpointInterval(100 * time.Millisecond),
 		pipeline.DefaultParallelism(max(par, 1)),
+		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if os.Getenv(envMQControl) != "" {
 		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
@@ -187,7 +188,7 @@ func runMQCrashSchedule(t *testing.T, e *mqEnv, seed uint64, kills int, control 
 		}
 		return cmd
 	}
-	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, out.String)
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, out.String, markerPath(dir))
 	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
 		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
 	if err != nil {

@@ -40,6 +40,7 @@ func buildWindowsJob(dir string, par int, throttle, control bool) (*pipeline.Job
 		pipeline.CheckpointDir(filepath.Join(dir, "job")),
 		pipeline.CheckpointInterval(50 * time.Millisecond),
 		pipeline.DefaultParallelism(par),
+		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if control {
 		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
@@ -156,7 +157,7 @@ func runWindowsCrash(t *testing.T, seed uint64, kills int, control bool) (result
 		}
 		return cmd
 	}
-	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, nil)
+	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, nil, markerPath(dir))
 	return readKV(t, filepath.Join(dir, "results")), readKV(t, filepath.Join(dir, "late"))
 }
 
