@@ -488,9 +488,14 @@ func TestBrokerTransactionCheckSkipsEnded(t *testing.T) {
 			t.Errorf("check-back of half message %d, want only %d", ch.TranStateTableOffset, hs[pending].queueOffset)
 		}
 	}
-	if got := b.tx.scanFrom.Load(); got != hs[pending].queueOffset {
-		t.Errorf("scan progress %d with half message %d pending", got, hs[pending].queueOffset)
-	}
+	// The round stores its progress after sending its check-backs: wait
+	// for it, and it must stop at the pending one.
+	subEventually(t, 5*time.Second, func() error {
+		if got := b.tx.scanFrom.Load(); got != hs[pending].queueOffset {
+			return fmt.Errorf("scan progress %d with half message %d pending", got, hs[pending].queueOffset)
+		}
+		return nil
+	})
 	mustEnd(t, p, "txpg", hs[pending], protocol.SysFlagTransactionCommit)
 	subEventually(t, 5*time.Second, func() error {
 		if got, want := b.tx.scanFrom.Load(), hs[len(hs)-1].queueOffset+1; got != want {
