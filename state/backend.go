@@ -106,6 +106,12 @@ type Backend struct {
 	hasKey  bool
 	epoch   uint64 // bumped by SetCurrentKey: handles cache their keys
 
+	// timers are the backend's timer services: Snapshot writes their
+	// pending timers into the layer it freezes; timerBytes estimates the
+	// size of those (counted in BufferedBytes).
+	timers     []*Timers
+	timerBytes int64
+
 	rbuf   []byte            // committed reads
 	states map[string]string // name -> "kind=codec"
 	ttl    map[string]*stateConfig
@@ -396,6 +402,10 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 		panic("state: snapshot ids must increase")
 	}
 	b.lastID = id
+	for _, t := range b.timers {
+		t.flush(b.cur)
+	}
+	b.timerBytes = 0
 	b.expireCurrent()
 	b.cur.id = id
 	b.frozen = append(b.frozen, b.cur)
@@ -510,7 +520,7 @@ func (b *Backend) release(id uint64) {
 // BufferedBytes returns the approximate size of the write-back layers
 // (current and frozen).
 func (b *Backend) BufferedBytes() int64 {
-	n := b.cur.bytes
+	n := b.cur.bytes + b.timerBytes
 	for _, l := range b.frozen {
 		n += l.bytes
 	}
@@ -523,7 +533,7 @@ func (b *Backend) BufferedBytes() int64 {
 // reach the store only through a checkpoint's batch, which keeps them
 // atomic with the offsets. (Frozen layers are not counted: they are in a
 // checkpoint already, and a new one would not shrink them.)
-func (b *Backend) WantsCheckpoint() bool { return b.cur.bytes > b.cfg.bufferLimit }
+func (b *Backend) WantsCheckpoint() bool { return b.cur.bytes+b.timerBytes > b.cfg.bufferLimit }
 
 // part is the checkpoint.Part of one snapshot: the frozen layers it covers,
 // written oldest first.
@@ -605,7 +615,7 @@ func sortedEntries(l *layer) []sortKey {
 	}
 	// The sort's buffers stay with the layer (and with the layers that
 	// reuse it): only Commits, which are serialised, touch them.
-	out := slices.Grow(l.sortBuf[:0], len(l.index))
+	out := slices.Grow(l.sortBuf[:0], l.ents.len())
 	for i := range l.ents.len() {
 		e := l.ents.at(uint32(i))
 		if !e.written() {

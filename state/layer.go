@@ -239,6 +239,17 @@ func (l *layer) delTimer(key []byte) {
 	l.insert(key, entry{del: true, nocache: true})
 }
 
+// appendTimer adds a put of timer key k (kept, not copied: timer keys are
+// never modified) without indexing it: Timers.flush adds each key at most
+// once, to a layer that has no entry for it, and nothing looks timer keys
+// up in a layer. Only a scan would miss it, and timers are scanned only
+// when a Timers is created, on a backend without layers.
+func (l *layer) appendTimer(k string) {
+	l.ents.add(entry{key: k, val: []byte{}, fresh: true, nocache: true})
+	l.tailSorted = nil
+	l.bytes += int64(len(k)) + 48
+}
+
 // written reports whether a Part writes e (and Committed caches it): not
 // when a range deletion removed it, nor when it deletes a key that had no
 // value below its layer.

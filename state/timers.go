@@ -38,6 +38,17 @@ type Timer struct {
 // Stored key: keyGroup | name | domain(1) | timestamp (8 BE, sign flipped) |
 // key, with an empty value, so a key group's timers sort by time.
 //
+// A timer registered since the last Snapshot is pending: it is not in the
+// write-back layer but in a list (added) that Snapshot writes into the layer
+// being frozen (flush), without indexing it there (nothing reads timer keys
+// through the layers: the set answers). A pending timer that fires or is
+// deleted before the next Snapshot then costs the layer nothing; one that
+// outlives it costs an append, not a layer map insert. A removed timer
+// that is not pending is a deletion in the current layer, as before. A
+// timer removed and registered again within one interval goes to the
+// layer at once (the layer's deletion must not be left beside a flushed
+// put of the same key): rmAt says at which timestamps that can happen.
+//
 // In memory each domain keeps one bucket per distinct timestamp, in a heap
 // by timestamp. A bucket's keys are appended unsorted as timers register
 // and sorted once when the bucket first comes due, so the common case of
@@ -45,8 +56,21 @@ type Timer struct {
 // to register and a slice step to fire, not a heap operation on long,
 // mostly equal keys.
 type Timers struct {
-	h   handle
-	set map[string]struct{} // layer keys of the registered timers
+	h handle
+	// set holds the layer keys of the registered timers; the value is 0
+	// for a timer in a layer or the store, and gen<<32 | (1 + its index in
+	// added) for a pending one (see pending).
+	set map[string]uint64
+	// added lists the pending timers' keys in registration order, "" for
+	// one removed since; gen counts the Snapshots (flushes), from 1.
+	added []string
+	dead  int // the "" in added
+	gen   uint64
+	// rmAt[d] holds the timestamps at which a timer that was not pending
+	// was removed since the last Snapshot (its deletion is in the current
+	// layer), rmLast[d] the last of them (a cache).
+	rmAt   [3]map[int64]struct{}
+	rmLast [3]int64
 	q   [3]timerQueue       // by domain
 	// n counts the members of set by domain (index EventTime,
 	// ProcessingTime), kept exact by every change of set so that Len is
@@ -113,7 +137,7 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Timers{h: h, set: map[string]struct{}{}}
+	t := &Timers{h: h, set: map[string]uint64{}, gen: 1}
 	for kg := b.cfg.kgStart; kg < b.cfg.kgEnd; kg++ {
 		err := b.scan(uint16(kg), h.prefix, func(sk, _ []byte) (bool, error) {
 			rest := sk[len(h.prefix):]
@@ -122,7 +146,7 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 			}
 			t.kbuf = appendLayerKey(t.kbuf[:0], uint16(kg), sk)
 			if _, dup := t.set[string(t.kbuf)]; !dup {
-				t.add(TimeDomain(rest[0]), decodeTS(rest[1:9]), t.intern(t.kbuf))
+				t.add(TimeDomain(rest[0]), decodeTS(rest[1:9]), t.intern(t.kbuf), 0)
 			}
 			return true, nil
 		})
@@ -130,7 +154,75 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 			return nil, err
 		}
 	}
+	b.timers = append(b.timers, t)
 	return t, nil
+}
+
+// pending reports whether set value v is a pending timer's, and its index
+// in added.
+func (t *Timers) pending(v uint64) (int, bool) {
+	if v == 0 || v>>32 != t.gen {
+		return 0, false
+	}
+	return int(v&(1<<32-1)) - 1, true
+}
+
+// removed records the removal of timer k (d, ts) whose set value was v:
+// a pending timer leaves added, another one is deleted in the layer.
+func (t *Timers) removed(d TimeDomain, ts int64, k []byte, v uint64) {
+	if i, ok := t.pending(v); ok {
+		t.added[i] = ""
+		if t.dead++; t.dead > 1024 && t.dead > len(t.added)/2 {
+			t.compactAdded()
+		}
+		return
+	}
+	t.h.b.cur.delTimer(k)
+	if m := t.rmAt[d]; len(m) == 0 || t.rmLast[d] != ts {
+		if m == nil {
+			m = map[int64]struct{}{}
+			t.rmAt[d] = m
+		}
+		m[ts] = struct{}{}
+		t.rmLast[d] = ts
+	}
+}
+
+// compactAdded drops the removed timers from added (renumbering the
+// others in the set): without it, timers registered and removed again and
+// again between two Snapshots would grow added without bound. It runs when
+// more than half of added is removed, so it costs O(1) per removal.
+func (t *Timers) compactAdded() {
+	n := 0
+	for _, k := range t.added {
+		if k != "" {
+			t.added[n] = k
+			t.set[k] = t.gen<<32 | uint64(n+1)
+			n++
+		}
+	}
+	clear(t.added[n:])
+	t.added, t.dead = t.added[:n], 0
+}
+
+// flush writes the pending timers into l, the current layer that Snapshot
+// is about to freeze: each one put at most once, none of them in l before
+// (see the type's comment), so l need not index them.
+func (t *Timers) flush(l *layer) {
+	for _, k := range t.added {
+		if k != "" {
+			l.appendTimer(k)
+		}
+	}
+	clear(t.added)
+	t.added, t.dead = t.added[:0], 0
+	t.gen++
+	for d := range t.rmAt {
+		clear(t.rmAt[d])
+	}
+	if invariants.Enabled && t.gen >= 1<<32 {
+		panic("state: timer generations overflow")
+	}
 }
 
 func decodeTS(b []byte) int64 { return int64(binary.BigEndian.Uint64(b) ^ (1 << 63)) }
@@ -150,9 +242,9 @@ func (t *Timers) timerKey(d TimeDomain, ts int64) ([]byte, error) {
 	return t.kbuf, nil
 }
 
-// add indexes a timer that is not in the set.
-func (t *Timers) add(d TimeDomain, ts int64, k string) {
-	t.set[k] = struct{}{}
+// add indexes a timer that is not in the set, with set value v.
+func (t *Timers) add(d TimeDomain, ts int64, k string, v uint64) {
+	t.set[k] = v
 	t.n[d]++
 	q := &t.q[d]
 	bk := q.last
@@ -187,8 +279,19 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 	if _, dup := t.set[string(k)]; dup {
 		return nil
 	}
-	t.add(d, ts, t.intern(k))
-	t.h.b.cur.putTimer(k) // not in the set: no value visible
+	ks := t.intern(k)
+	if m := t.rmAt[d]; len(m) != 0 {
+		if _, ok := m[ts]; ok {
+			// k may have been removed since the last Snapshot: its
+			// deletion would be in the current layer.
+			t.add(d, ts, ks, 0)
+			t.h.b.cur.putTimer(k) // not in the set: no value visible
+			return nil
+		}
+	}
+	t.add(d, ts, ks, t.gen<<32|uint64(len(t.added)+1))
+	t.added = append(t.added, ks)
+	t.h.b.timerBytes += int64(len(k)) + 48
 	return nil
 }
 
@@ -210,7 +313,8 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := t.set[string(k)]; !ok {
+	v, ok := t.set[string(k)]
+	if !ok {
 		return nil
 	}
 	delete(t.set, string(k))
@@ -224,7 +328,7 @@ func (t *Timers) Delete(d TimeDomain, ts int64) error {
 			t.compact(bk)
 		}
 	}
-	t.h.b.cur.delTimer(k)
+	t.removed(d, ts, k, v)
 	return nil
 }
 
@@ -309,11 +413,11 @@ func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 	for {
 		k := bk.keys[bk.next]
 		bk.next++
-		n := len(t.set)
-		delete(t.set, k) // one probe: the set need not be asked first
-		if len(t.set) == n {
+		v, ok := t.set[k]
+		if !ok {
 			continue // deleted, or a duplicate already fired
 		}
+		delete(t.set, k)
 		t.n[d]--
 		ts := bk.ts
 		bk.live--
@@ -325,7 +429,7 @@ func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 		if len(kb) < hdr {
 			return Timer{}, false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, t.h.name)
 		}
-		t.h.b.cur.delTimer(kb)
+		t.removed(d, ts, kb, v)
 		return Timer{
 			Domain:    d,
 			Timestamp: ts,

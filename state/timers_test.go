@@ -248,3 +248,92 @@ func TestTimersBucketBounded(t *testing.T) {
 		t.Fatalf("popped %d, %d left", n, tm.Len(EventTime))
 	}
 }
+
+// TestTimersPendingUntilSnapshot checks the pending timers (registered
+// since the last Snapshot, kept out of the layer until it): one registered
+// and removed within an interval writes nothing; a committed one deleted
+// and registered again within one interval (its deletion is in the layer)
+// survives the checkpoint, as does one fired and registered again; churn
+// on the same timer between Snapshots keeps the pending list bounded.
+func TestTimersPendingUntilSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	b := newBackend(t, s)
+	tm := must(NewTimers(b, "t"))
+	reg := func(key string, ts int64) {
+		t.Helper()
+		b.SetCurrentKey([]byte(key))
+		if err := tm.Register(EventTime, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del := func(key string, ts int64) {
+		t.Helper()
+		b.SetCurrentKey([]byte(key))
+		if err := tm.Delete(EventTime, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg("a", 10)
+	reg("b", 10)
+	reg("c", 20)
+	if n := b.cur.ents.len(); n != 0 {
+		t.Fatalf("%d layer entries before the snapshot, want 0", n)
+	}
+	del("c", 20) // pending: nothing to write
+	keys, commit := partKeys(t, b, 1)
+	commit()
+	if len(keys) != 2 {
+		t.Fatalf("checkpoint 1 wrote %v, want the puts of a and b", keys)
+	}
+	// a: committed, deleted and registered again. b: committed, fired and
+	// registered again. c: registered and fired in the interval.
+	del("a", 10)
+	reg("a", 10)
+	reg("c", 30)
+	n, again := 0, false
+	for timer, err := range tm.Due(EventTime, 10) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if string(timer.Key) == "b" && !again {
+			again = true
+			reg("b", 10) // at the time being fired: pops again
+		}
+	}
+	if n != 3 {
+		t.Fatalf("popped %d timers at 10, want 3 (a, b, b again)", n)
+	}
+	reg("a", 10) // fired (a deletion in the layer), registered again
+	reg("b", 10)
+	reg("d", 60) // pending at the snapshot
+	// Churn: the same timer registered and deleted many times.
+	for range 10_000 {
+		reg("z", 50)
+		del("z", 50)
+	}
+	if len(tm.added) > 3000 {
+		t.Fatalf("%d pending keys after churn on one timer", len(tm.added))
+	}
+	want := map[string]bool{}
+	for k := range tm.set {
+		want[fmt.Sprint(decodeTS(unsafeSlice(k)[2+len(tm.h.prefix)+1:]), string(unsafeSlice(k)[2+len(tm.h.prefix)+9:]))] = true
+	}
+	checkpointNow(t, s, b, 2)
+	s.Close()
+
+	s = openStore(t, dir)
+	b = newBackend(t, s)
+	tm = must(NewTimers(b, "t"))
+	got := map[string]bool{}
+	for timer, err := range tm.Due(EventTime, 100) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[fmt.Sprint(timer.Timestamp, string(timer.Key))] = true
+	}
+	if !maps.Equal(got, want) || len(want) < 3 {
+		t.Fatalf("restored timers %v, want %v", got, want)
+	}
+}
