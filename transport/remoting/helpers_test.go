@@ -1,6 +1,7 @@
 package remoting
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -182,4 +183,18 @@ func dialConns(t *testing.T, addr string, n int) []net.Conn {
 		ncs = append(ncs, nc)
 	}
 	return ncs
+}
+
+// readEcho reads the next frame from nc (within 10 s) and checks it is the
+// echo of request n (checkEcho).
+func readEcho(t *testing.T, nc net.Conn, n int) {
+	t.Helper()
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := protocol.ReadFrame(bufio.NewReaderSize(nc, 256), 1<<20)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if err := checkEcho(resp, n); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,10 +1,8 @@
 package remoting
 
 import (
-	"bufio"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -32,14 +30,7 @@ func TestIdleConnHeap(t *testing.T) {
 		if _, err := nc.Write(frame); err != nil {
 			t.Fatalf("write: %v", err)
 		}
-		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := protocol.ReadFrame(bufio.NewReaderSize(nc, 256), 1<<20)
-		if err != nil {
-			t.Fatalf("read: %v", err)
-		}
-		if err := checkEcho(resp, 1); err != nil {
-			t.Fatal(err)
-		}
+		readEcho(t, nc, 1)
 	}
 	after := liveHeap()
 	per := (float64(after) - float64(before)) / conns

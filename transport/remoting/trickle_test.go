@@ -46,14 +46,7 @@ func TestTrickledFrameHeap(t *testing.T) {
 	}
 	trickleBytes(t, ncs, frame[half:])
 	for _, nc := range ncs {
-		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := protocol.ReadFrame(bufio.NewReaderSize(nc, 256), 1<<20)
-		if err != nil {
-			t.Fatalf("read: %v", err)
-		}
-		if err := checkEcho(resp, 1); err != nil {
-			t.Fatal(err)
-		}
+		readEcho(t, nc, 1)
 	}
 }
 
