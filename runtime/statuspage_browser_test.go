@@ -56,14 +56,17 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 
 	// The producer: lines of sample text, every 25th one not decodable.
-	prodCtx, stopProd := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stopProd(); wg.Wait() }()
 	p, err := client.NewProducer(c, "page_test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	// Registered after p.Close, so it runs first: the sending goroutine
+	// stops before its producer closes (the other order failed the test
+	// with "client: closed" when a send was in flight at the end).
+	prodCtx, stopProd := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopProd(); wg.Wait() }()
 	wg.Go(func() {
 		lines := wordcount.SampleLines(100000, 7)
 		tick := time.NewTicker(10 * time.Millisecond)
