@@ -71,7 +71,7 @@ type Timers struct {
 	// layer), rmLast[d] the last of them (a cache).
 	rmAt   [3]map[int64]struct{}
 	rmLast [3]int64
-	q   [3]timerQueue       // by domain
+	q      [3]timerQueue // by domain
 	// n counts the members of set by domain (index EventTime,
 	// ProcessingTime), kept exact by every change of set so that Len is
 	// O(1): the keyed task asks it for every message.
