@@ -208,21 +208,25 @@ func (l *layer) del(key []byte) {
 		return
 	}
 	if i, ok := l.find(key); ok {
-		e := l.ents.at(i)
-		l.bytes -= int64(len(e.val))
-		e.val, e.del = nil, true
+		l.overwrite(i, nil, true)
 		return
 	}
 	l.insert(key, entry{del: true})
+}
+
+// overwrite replaces entry i's value (by val, not copied) or makes it a
+// deletion.
+func (l *layer) overwrite(i uint32, val []byte, del bool) {
+	e := l.ents.at(i)
+	l.bytes += int64(len(val) - len(e.val))
+	e.val, e.del = val, del
 }
 
 // putTimer records a timer key (empty value) that the caller knows has no
 // value visible: a new entry is fresh. Timer entries are never cached.
 func (l *layer) putTimer(key []byte) {
 	if i, ok := l.find(key); ok {
-		e := l.ents.at(i)
-		l.bytes -= int64(len(e.val))
-		e.val, e.del = []byte{}, false
+		l.overwrite(i, []byte{}, false)
 		return
 	}
 	l.insert(key, entry{val: []byte{}, fresh: true, nocache: true})
@@ -231,9 +235,7 @@ func (l *layer) putTimer(key []byte) {
 // delTimer records the deletion of a timer key (see putTimer).
 func (l *layer) delTimer(key []byte) {
 	if i, ok := l.find(key); ok {
-		e := l.ents.at(i)
-		l.bytes -= int64(len(e.val))
-		e.val, e.del = nil, true
+		l.overwrite(i, nil, true)
 		return
 	}
 	l.insert(key, entry{del: true, nocache: true})
