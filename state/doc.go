@@ -71,4 +71,13 @@
 //     with every change of the set (so Len is O(1)); deleted timers stay in
 //     the heap until they reach its top. Snapshot, Committed and Aborted do
 //     not touch the index: it always equals the visible (newest) state.
+//   - Timers registered since the last Snapshot are pending: kept in a list,
+//     not in the layer, until Snapshot appends the live ones to the layer it
+//     freezes. A timer registered and fired (or deleted) between two
+//     checkpoints thus never reaches a layer or the store.
+//   - A layer entry is fresh when its key had no value below the layer when
+//     it was inserted (a read found it absent, or the caller knew it: timers,
+//     Map.KnownAbsent). A fresh deletion is neither written by the Part nor
+//     cached: state created and deleted within one interval (a window that
+//     opened and fired) costs no store write and no tombstone.
 package state
