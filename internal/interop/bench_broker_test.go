@@ -437,3 +437,25 @@ func produceOfficialSync(b *testing.B, env *brokerEnv, topic string, body []byte
 	}
 	reportThroughput(b, elapsed, cpu)
 }
+
+// BenchmarkOfficialResponseCodec measures the official producer (SendAsync,
+// 64 in flight, FlushAsync) against brokers that answer in JSON headers
+// (codec=json, the default, as the official client's own requests) and in
+// RocketMQ's binary headers (codec=rocketmq: remoting.WithSerializeType, as
+// a Java broker started with -Drocketmq.serialize.type=ROCKETMQ). The
+// official client decodes either (it reads the type from each frame) but
+// always sends JSON (its codec type cannot be set by an option or an
+// environment variable). cpu-us/msg is the process's: client and broker.
+func BenchmarkOfficialResponseCodec(b *testing.B) {
+	for _, codec := range []struct {
+		name string
+		st   protocol.SerializeType
+	}{{"json", protocol.SerializeJSON}, {"rocketmq", protocol.SerializeRocketMQ}} {
+		b.Run("codec="+codec.name, func(b *testing.B) {
+			env := startBrokerEnv(b, broker.WithFlushMode(broker.FlushAsync),
+				broker.WithRemotingOptions(remoting.WithSerializeType(codec.st)))
+			topic := benchTopic(b, env, "BenchCodec")
+			produceOfficial(b, env, topic, make([]byte, 128))
+		})
+	}
+}

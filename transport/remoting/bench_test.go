@@ -3,6 +3,8 @@ package remoting
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -184,4 +186,101 @@ func BenchmarkRoundTripDirect(b *testing.B) {
 			benchInvokeLoop(b, dialT(b, addr, copts...))
 		})
 	}
+}
+
+// BenchmarkRoundTripFloor sets one synchronous round trip of a Conn (an
+// inline processor answering a 128-byte request, as BenchmarkRoundTripDirect
+// direct=true: impl=conn) beside the floor of loopback TCP on the machine
+// in the same run: a plain Go echo of 128 bytes where the caller reads its
+// reply (impl=echo), and the same echo with the replies read by a reader
+// goroutine and handed to the caller through a channel (impl=echo-hop, the
+// shape of a Conn's client side). Compare with `benchstat -col /impl`;
+// cpu-us/op is the process's CPU (both ends) per round trip.
+func BenchmarkRoundTripFloor(b *testing.B) {
+	b.Run("impl=conn", func(b *testing.B) {
+		s, addr := newTestServer(b)
+		s.HandleInline(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+			resp := protocol.NewResponse(rc.Request(), 0, "")
+			resp.SetExt("queueOffset", "42")
+			return resp, nil
+		}))
+		benchInvokeLoop(b, dialT(b, addr))
+	})
+	for _, hop := range []bool{false, true} {
+		name := "impl=echo"
+		if hop {
+			name = "impl=echo-hop"
+		}
+		b.Run(name, func(b *testing.B) { benchEcho(b, hop) })
+	}
+}
+
+// benchEcho measures round trips of 128 bytes over a plain loopback TCP
+// echo (see BenchmarkRoundTripFloor).
+func benchEcho(b *testing.B, hop bool) {
+	const size = 128
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Add(1)
+	go func() { // the echo server: joined by wg once the client closed
+		defer wg.Done()
+		sc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer sc.Close()
+		buf := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(sc, buf); err != nil {
+				return
+			}
+			if _, err := sc.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	cc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	replies := make(chan []byte, 1)
+	if hop {
+		wg.Add(1)
+		go func() { // the client's reader: ends when cc is closed
+			defer wg.Done()
+			bufs := [2][]byte{make([]byte, size), make([]byte, size)}
+			for i := 0; ; i++ {
+				buf := bufs[i%2]
+				if _, err := io.ReadFull(cc, buf); err != nil {
+					close(replies)
+					return
+				}
+				replies <- buf
+			}
+		}()
+	}
+	buf := make([]byte, size)
+	b.ReportAllocs()
+	cpu0 := cputime.Process()
+	for b.Loop() {
+		if _, err := cc.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if hop {
+			if _, ok := <-replies; !ok {
+				b.Fatal("echo reader ended")
+			}
+			continue
+		}
+		if _, err := io.ReadFull(cc, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportCPU(b, cpu0)
 }
