@@ -253,7 +253,14 @@ func (b *Backend) getMem(key []byte) (val []byte, ok, known bool) {
 	}
 	for i := len(b.frozen) - 1; i >= 0; i-- {
 		if e, masked := b.frozen[i].lookup(key); e != nil || masked {
-			b.cur.noteMiss(key, 0, 0, e == nil || e.del)
+			// The frozen entry's cache slot names the same key: a Set
+			// after this Get then updates the cache at Committed
+			// without a lookup.
+			var slot, gen uint32
+			if e != nil {
+				slot, gen = e.cslot, e.cgen
+			}
+			b.cur.noteMiss(key, slot, gen, e == nil || e.del)
 			return entryVal(e)
 		}
 	}
@@ -413,7 +420,7 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 		b.cur, b.spare = b.spare, nil
 		b.cur.reuse()
 	} else {
-		b.cur = newLayer(len(b.frozen[len(b.frozen)-1].index))
+		b.cur = newLayer(b.frozen[len(b.frozen)-1].index.len())
 	}
 	return &part{uid: b.uid, layers: slices.Clone(b.frozen)}
 }
@@ -482,15 +489,23 @@ func (b *Backend) checkDurable(l *layer) {
 		}
 	}
 	checked := 0
+	n := l.ents.len()
 outer:
-	for k, i := range l.index {
+	for j := range n {
 		if checked == 8 {
 			return
 		}
-		if l.ents.at(i).del {
+		// From a start that varies with the layer, so that checks reach
+		// every part of a layer over time.
+		i := uint32((uint64(j) + l.id*7919) % uint64(n))
+		e := l.ents.at(i)
+		if e.del || e.gone {
 			continue
 		}
-		key := unsafeBytes(k)
+		if at, ok := l.indexFind(e.key); !ok || at != i {
+			continue // not indexed (a timer key Snapshot appended)
+		}
+		key := unsafeBytes(e.key)
 		for _, nl := range newer {
 			if e, masked := nl.lookup(key); e != nil || masked {
 				continue outer

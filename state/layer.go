@@ -1,6 +1,7 @@
 package state
 
 import (
+	"hash/maphash"
 	"slices"
 	"sort"
 	"unsafe"
@@ -12,8 +13,8 @@ import (
 // layer is never mutated again except for its lazily built sort caches
 // (which Part.WriteTo does not read).
 type layer struct {
-	id    uint64            // snapshot id once frozen
-	index map[string]uint32 // key -> ents index; keys live in the arena
+	id    uint64   // snapshot id once frozen
+	index keyIndex // key -> ents index; keys live in the arena
 	ents  chunked[entry]
 	// memo is the index in ents of the entry last found or inserted (-1:
 	// none): a handle's Get then Set of the same key costs one map lookup.
@@ -92,14 +93,14 @@ const maxLayerHint = 1 << 20
 // checkpoint as it did in the last one).
 func newLayer(hint int) *layer {
 	hint = min(hint, maxLayerHint)
-	return &layer{index: make(map[string]uint32, hint), memo: -1}
+	return &layer{index: newKeyIndex(hint), memo: -1}
 }
 
 // reuse empties a committed layer for use as the next current layer,
 // keeping its memory (index buckets, entry slices, arena chunks). Nothing
 // may still refer to its keys or values.
 func (l *layer) reuse() {
-	clear(l.index)
+	l.index.reset()
 	l.ents.reset()
 	l.id, l.memo, l.ranges, l.bytes = 0, -1, nil, 0
 	l.sorted, l.tailFrom, l.tailSorted = nil, 0, nil
@@ -132,7 +133,7 @@ func (l *layer) find(key []byte) (uint32, bool) {
 	if m := l.memo; m >= 0 && l.ents.at(uint32(m)).key == string(key) {
 		return uint32(m), true
 	}
-	i, ok := l.index[string(key)]
+	i, ok := l.indexFind(unsafeString(key))
 	if ok {
 		l.memo = int32(i)
 	}
@@ -263,7 +264,7 @@ func (l *layer) insert(key []byte, e entry) {
 	e.key = k
 	i := l.ents.add(e)
 	l.memo = int32(i)
-	l.index[k] = i
+	l.indexAdd(k, i)
 	l.tailSorted = nil
 	l.bytes += int64(len(key)+len(e.val)) + 48
 }
@@ -279,10 +280,9 @@ func (l *layer) deleteRange(from, to []byte) {
 			if k >= t {
 				break
 			}
-			if i, ok := l.index[k]; ok {
+			if i, ok := l.indexDelete(k); ok {
 				l.bytes -= int64(len(l.ents.at(i).val))
 				l.ents.at(i).gone = true
-				delete(l.index, k)
 			}
 		}
 	}
@@ -432,4 +432,124 @@ func (c *chunked[T]) reset() {
 		clear(c.chunks[k])
 	}
 	c.n = 0
+}
+
+// keyIndex is a layer's index of its entries by key: an open-addressing
+// table of 8-byte slots (linear probing, at most half full counting
+// deleted slots), each the upper 32 bits of the key's hash (which also
+// pick its home slot) and 1 + the entry's index in ents. A lookup reads one
+// slot's cache line, then only the entry whose hash matches: a Go map of
+// string keys reads a control word, a slot line and the key's bytes in
+// separate lines for each probe, and a layer of a checkpoint interval's
+// keys is far larger than the CPU caches, so those misses were most of a
+// keyed record's state cost. The keys themselves are the entries' (the
+// caller resolves a slot to its entry to compare keys).
+type keyIndex struct {
+	slots []uint64 // 0: empty; low half slotDeleted: deleted
+	live  int      // slots holding an entry
+	used  int      // live and deleted slots
+	seed  maphash.Seed
+}
+
+// slotDeleted is the low half of a deleted slot (1 + an index no entry
+// has: ents never holds 2^32 - 1 entries).
+const slotDeleted = 0xFFFFFFFF
+
+func newKeyIndex(hint int) keyIndex {
+	n := 16
+	for n < 2*hint {
+		n <<= 1
+	}
+	return keyIndex{slots: make([]uint64, n), seed: maphash.MakeSeed()}
+}
+
+func (x *keyIndex) len() int { return x.live }
+
+func (x *keyIndex) hash(key string) uint32 { return uint32(maphash.String(x.seed, key) >> 32) }
+
+// reset empties the index, keeping its slots.
+func (x *keyIndex) reset() {
+	if x.used > 0 {
+		clear(x.slots)
+	}
+	x.live, x.used = 0, 0
+	x.seed = maphash.MakeSeed()
+}
+
+// indexFind returns the index in ents of key's entry, if indexed.
+func (l *layer) indexFind(key string) (uint32, bool) {
+	p, ok := l.indexSlot(key, l.index.hash(key))
+	if !ok {
+		return 0, false
+	}
+	return uint32(l.index.slots[p]) - 1, true
+}
+
+// indexSlot returns the slot of key (hash h), or the empty slot that ends
+// its probe sequence.
+func (l *layer) indexSlot(key string, h uint32) (uint32, bool) {
+	x := &l.index
+	mask := uint32(len(x.slots) - 1)
+	for p := h & mask; ; p = (p + 1) & mask {
+		s := x.slots[p]
+		if s == 0 {
+			return p, false
+		}
+		if uint32(s>>32) == h && uint32(s) != slotDeleted && l.ents.at(uint32(s)-1).key == key {
+			return p, true
+		}
+	}
+}
+
+// indexAdd indexes key (an entry's, kept) as entry i, replacing the entry
+// it named if any.
+func (l *layer) indexAdd(key string, i uint32) {
+	x := &l.index
+	if (x.used+1)*2 > len(x.slots) {
+		l.indexGrow()
+	}
+	h := x.hash(key)
+	p, found := l.indexSlot(key, h)
+	x.slots[p] = uint64(h)<<32 | uint64(i+1)
+	if !found {
+		x.live++
+		x.used++
+	}
+}
+
+// indexDelete unindexes key, returning the entry it named.
+func (l *layer) indexDelete(key string) (uint32, bool) {
+	p, ok := l.indexSlot(key, l.index.hash(key))
+	if !ok {
+		return 0, false
+	}
+	x := &l.index
+	i := uint32(x.slots[p]) - 1
+	x.slots[p] = x.slots[p]&^0xFFFFFFFF | slotDeleted
+	x.live--
+	return i, true
+}
+
+// indexGrow rehashes the live slots into a table twice as large (or as
+// large, when deleted slots fill half of it).
+func (l *layer) indexGrow() {
+	x := &l.index
+	n := len(x.slots)
+	if x.live*4 >= n {
+		n *= 2
+	}
+	old := x.slots
+	x.slots = make([]uint64, n)
+	mask := uint32(n - 1)
+	for _, s := range old {
+		if s == 0 || uint32(s) == slotDeleted {
+			continue
+		}
+		p := uint32(s>>32) & mask
+		for x.slots[p] != 0 {
+			p = (p + 1) & mask
+		}
+		x.slots[p] = s
+	}
+	x.used = x.live
 }

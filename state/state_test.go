@@ -451,3 +451,53 @@ func TestCodecsRejectBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerIndex checks a layer's key index against a map through inserts
+// (growing the table several times), overwrites, range deletions (deleted
+// slots) and reuse.
+func TestLayerIndex(t *testing.T) {
+	l := newLayer(0)
+	for round := range 3 {
+		want := map[string][]byte{}
+		key := func(i int) []byte { return []byte(fmt.Sprintf("\x00\x01k%06d", i)) }
+		for i := range 5000 {
+			v := []byte(fmt.Sprint(i, round))
+			l.put(key(i), v)
+			want[string(key(i))] = v
+		}
+		for i := 0; i < 5000; i += 3 {
+			v := []byte(fmt.Sprint("again", i))
+			l.put(key(i), v)
+			want[string(key(i))] = v
+		}
+		// Delete [1000, 3000), then put half of it back.
+		l.deleteRange(key(1000), key(3000))
+		for i := 1000; i < 3000; i++ {
+			delete(want, string(key(i)))
+		}
+		for i := 1000; i < 3000; i += 2 {
+			v := []byte(fmt.Sprint("back", i))
+			l.put(key(i), v)
+			want[string(key(i))] = v
+		}
+		for i := range 6000 {
+			e, masked := l.lookup(key(i))
+			w, ok := want[string(key(i))]
+			switch {
+			case ok && (e == nil || e.del || string(e.val) != string(w)):
+				t.Fatalf("round %d: key %d: got %+v, want %q", round, i, e, w)
+			case !ok && e != nil:
+				t.Fatalf("round %d: key %d: got %+v, want none", round, i, e)
+			case !ok && i >= 1000 && i < 3000 && !masked:
+				t.Fatalf("round %d: key %d: not masked by the range deletion", round, i)
+			}
+		}
+		if l.index.len() != len(want) {
+			t.Fatalf("round %d: index holds %d keys, want %d", round, l.index.len(), len(want))
+		}
+		l.reuse()
+		if e, _ := l.lookup(key(1)); e != nil || l.index.len() != 0 {
+			t.Fatalf("round %d: reused layer still has entries", round)
+		}
+	}
+}
