@@ -383,3 +383,45 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestNamesrvCasesCoverServedCodes keeps namesrvCases complete: every
+// request code a real name server (without ACL) serves, found by probing
+// codes 0-999 (those not answered REQUEST_CODE_NOT_SUPPORTED), must have a
+// row in the matrix, so that a handler added later cannot escape it.
+func TestNamesrvCasesCoverServedCodes(t *testing.T) {
+	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ns.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	c := dial(t, ns.Addr(), nil)
+	inMatrix := map[int32]bool{}
+	for _, mc := range namesrvCases {
+		inMatrix[mc.code] = true
+	}
+	var served []int32
+	for code := int32(0); code < 1000; code++ {
+		resp, err := c.Invoke(ctxT(t, 5*time.Second), protocol.NewRequest(code))
+		if err != nil {
+			t.Fatalf("code %d: %v", code, err)
+		}
+		if resp.Code == protocol.ResRequestCodeNotSupported {
+			continue
+		}
+		served = append(served, code)
+		if !inMatrix[code] {
+			t.Errorf("the name server serves code %d, missing from namesrvCases (requirement %q)", code, acl.Requirement(code))
+		}
+	}
+	t.Logf("%d codes served: %v", len(served), served)
+	if len(served) < 15 {
+		t.Fatalf("only %d codes served", len(served))
+	}
+}
