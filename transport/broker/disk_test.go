@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -203,10 +204,43 @@ func testSendFailedFsync(t *testing.T, mode FlushMode) {
 	send(t, c, "Disk", 0, []byte("after restart"), "")
 }
 
+// ranInUserNS makes a tmpfs test possible without root: when this
+// process is not root, it runs the test again in a child process in new
+// user and mount namespaces (where the child is root of its own namespace
+// and may mount a tmpfs; unprivileged user namespaces, as `unshare -rm`
+// uses), reports the child's figures and result, and returns true: the
+// caller then returns. As root (also in the child) it returns false. When
+// the system refuses to create the namespaces the test is skipped.
+func ranInUserNS(t *testing.T) bool {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+	}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Skipf("not root, and no user namespace for a tmpfs: %v", err)
+	}
+	t.Logf("run in a user and mount namespace (not root):\n%s", out)
+	if err != nil {
+		t.Fatalf("in the user namespace: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("in the user namespace the test did not pass")
+	}
+	return true
+}
+
 // tmpfsWithFiller mounts an 8 MiB tmpfs in a temporary directory,
 // unmounted at the end of the test, and half fills it with a 4 MiB file
-// whose path it returns. It skips the test when it cannot mount (needs
-// root).
+// whose path it returns. It needs root, or root of a user namespace
+// (ranInUserNS); it skips the test when it cannot mount.
 func tmpfsWithFiller(t *testing.T) (mnt, filler string) {
 	t.Helper()
 	mnt = filepath.Join(t.TempDir(), "mnt")
@@ -214,7 +248,7 @@ func tmpfsWithFiller(t *testing.T) (mnt, filler string) {
 		t.Fatal(err)
 	}
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=8m"); err != nil {
-		t.Skipf("cannot mount a tmpfs (needs root): %v", err)
+		t.Skipf("cannot mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := syscall.Unmount(mnt, 0); err != nil {
@@ -233,8 +267,11 @@ func tmpfsWithFiller(t *testing.T) (mnt, filler string) {
 // "[DISK_FULL]…" once usage crosses the high-water mark (before the file
 // system is full, so the store does not fail), no acknowledged message is
 // lost, and sends succeed again by themselves once the filler is deleted.
-// It needs root (mount); it is skipped otherwise.
+// Not root, it runs in a user and mount namespace (ranInUserNS).
 func TestSendDiskFullTmpfs(t *testing.T) {
+	if ranInUserNS(t) {
+		return
+	}
 	mnt, filler := tmpfsWithFiller(t)
 	b := newStartedBroker(t, WithDataDir(filepath.Join(mnt, "data")), WithDiskHighWatermark(0.9),
 		withStoreHook(func(o *store.Options) { o.DiskCheckInterval = 50 * time.Millisecond }))
@@ -284,7 +321,12 @@ func TestSendDiskFullTmpfs(t *testing.T) {
 // SERVICE_NOT_AVAILABLE "[STORE_FAILED]…" (no space left on device) within
 // a second, and after space is freed and the broker restarted every
 // acknowledged message is there and sends work again.
+//
+// Not root, it runs in a user and mount namespace (ranInUserNS).
 func TestSendENOSPCTmpfs(t *testing.T) {
+	if ranInUserNS(t) {
+		return
+	}
 	mnt, filler := tmpfsWithFiller(t)
 	dir := filepath.Join(mnt, "data")
 	b := newStartedBroker(t, WithDataDir(dir), WithDiskHighWatermark(1))
