@@ -59,8 +59,10 @@
 //     invariants tag the checkpoint.Writer panics outside Commit and
 //     Committed sometimes verifies that a committed layer's puts are in the
 //     store.
-//   - Keys and values of a layer live in an append-only arena; map keys are
-//     strings viewing the arena (never modified). Overwriting a value of the
+//   - Keys and values of a layer live in an append-only arena; entry keys
+//     are strings viewing the arena (never modified). A layer finds its
+//     entries through an open-addressing table of 8-byte slots (hash tag and
+//     entry index), one cache line per probe. Overwriting a value of the
 //     same or smaller size reuses its bytes, so the hot path allocates nothing.
 //   - TTL: expired entries are invisible; a read that finds one deletes it in
 //     the current layer, and Snapshot turns expired entries of the changes

@@ -17,13 +17,13 @@ type layer struct {
 	index keyIndex // key -> ents index; keys live in the arena
 	ents  chunked[entry]
 	// memo is the index in ents of the entry last found or inserted (-1:
-	// none): a handle's Get then Set of the same key costs one map lookup.
+	// none): a handle's Get then Set of the same key costs one index lookup.
 	// Only the backend's goroutine reads or writes it.
 	memo int32
 	// miss is the key of the backend's last read that this layer did not
 	// have (valid while missOK; insert clears it), with where the read
 	// cache holds the key (missSlot/missGen, see entry.cslot): a Get then
-	// Set of a key new to the layer costs one map lookup, and Committed
+	// Set of a key new to the layer costs one index lookup, and Committed
 	// updates the cached value without another. Only the backend's
 	// goroutine uses it, and only on the current layer.
 	miss     []byte
