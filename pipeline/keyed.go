@@ -210,6 +210,7 @@ type KeyedContext[K comparable, U any] struct {
 	sides   map[string][]any
 	clock   func() time.Time
 	out     *counter
+	task    keyTask[K, U] // keyedtimers.go
 }
 
 // Context returns the task's context (cancelled when the job fails); for a
@@ -581,7 +582,9 @@ type keyedTask[K comparable, T, U any] struct {
 	kctx    *KeyedContext[K, U]
 	fn      KeyedProcessFunc[K, T, U]
 	onTimer func(*KeyedContext[K, U], Timer) error
+	onGroup func(*KeyedContext[K, U], uint16, Timer) error // nil: not a GroupTimerFunc
 	scratch []byte
+	groupTS int64 // the firing group timer's time (for ForKey's dead letters)
 }
 
 const timerStateName = "runnel.timers"
@@ -628,9 +631,12 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	}
 	cnt := kt.b.counter(kt.n)
 	kt.kctx = &KeyedContext[K, U]{ctx: ctx, uctx: ctx, wm: restoredWM, emit: kt.emit, timers: kt.timers, backend: kt.backend,
-		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt}
+		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt, task: kt}
 	process := kt.fn.ProcessElement
 	kt.onTimer = kt.fn.OnTimer
+	if g, ok := kt.fn.(GroupTimerFunc[K, U]); ok {
+		kt.onGroup = g.OnGroupTimer
+	}
 	ports := kt.b.ports
 	senders := kt.in.senderCount() // discovery may add senders (discovery.go)
 	al := newAligner(senders)
@@ -814,22 +820,105 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	}
 }
 
-// fire runs the due timers of domain d up to upTo.
+// fire runs the due timers of domain d up to upTo: for event time, key
+// group timers too, in timestamp order (a group timer before the key
+// timers of its time).
 func (kt *keyedTask[K, T, U]) fire(ctx context.Context, d state.TimeDomain, upTo int64) error {
+	if d == state.EventTime && kt.timers.Len(state.GroupEventTime) > 0 {
+		return kt.fireGroups(ctx, upTo)
+	}
 	for t, err := range kt.timers.Due(d, upTo) {
 		if err != nil {
 			return err
 		}
-		k, err := kt.codec.Decode(t.Key)
-		if err != nil {
-			return fmt.Errorf("decode timer key: %w", err)
+		if err := kt.fireOne(ctx, t); err != nil {
+			return err
 		}
-		kt.backend.SetCurrentKeyGroup(t.Key, t.KeyGroup)
-		kt.kctx.key, kt.kctx.ts = k, t.Timestamp
-		if err := callErr(ctx, kt.n.retry, kt.onTimer, kt.kctx, Timer{Time: time.Unix(0, t.Timestamp), Domain: d}); err != nil {
-			if err := kt.reject(ctx, err, t, t.Timestamp); err != nil {
+	}
+	return nil
+}
+
+// fireGroups is fire for event time with group timers registered.
+func (kt *keyedTask[K, T, U]) fireGroups(ctx context.Context, upTo int64) error {
+	for {
+		g, gok := kt.timers.NextTimestamp(state.GroupEventTime)
+		e, eok := kt.timers.NextTimestamp(state.EventTime)
+		gok, eok = gok && g <= upTo, eok && e <= upTo
+		d := state.EventTime
+		switch {
+		case gok && (!eok || g <= e):
+			d = state.GroupEventTime
+		case !eok:
+			return nil
+		}
+		t, _, err := kt.timers.PopDue(d, upTo)
+		if err != nil {
+			return err
+		}
+		if d == state.EventTime {
+			if err := kt.fireOne(ctx, t); err != nil {
 				return err
 			}
+			continue
+		}
+		if kt.onGroup == nil {
+			return fmt.Errorf("pipeline: %s: a key group timer fired, but the function has no OnGroupTimer", kt.n.uid)
+		}
+		kt.kctx.key, kt.kctx.ts, kt.groupTS = *new(K), t.Timestamp, t.Timestamp
+		// Only what fails the job comes back: ForKey applies the error
+		// policy per key.
+		if err := protectErr(func(c *KeyedContext[K, U], t state.Timer) error {
+			return kt.onGroup(c, t.KeyGroup, Timer{Time: time.Unix(0, t.Timestamp), Domain: state.EventTime})
+		}, kt.kctx, t); err != nil {
+			return err
+		}
+	}
+}
+
+// fireOne runs the key timer t.
+func (kt *keyedTask[K, T, U]) fireOne(ctx context.Context, t state.Timer) error {
+	k, err := kt.codec.Decode(t.Key)
+	if err != nil {
+		return fmt.Errorf("decode timer key: %w", err)
+	}
+	kt.backend.SetCurrentKeyGroup(t.Key, t.KeyGroup)
+	kt.kctx.key, kt.kctx.ts = k, t.Timestamp
+	if err := callErr(ctx, kt.n.retry, kt.onTimer, kt.kctx, Timer{Time: time.Unix(0, t.Timestamp), Domain: t.Domain}); err != nil {
+		if err := kt.reject(ctx, err, t, t.Timestamp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeKey implements keyTask.
+func (kt *keyedTask[K, T, U]) decodeKey(b []byte) (K, error) {
+	k, err := kt.codec.Decode(b)
+	if err != nil {
+		return k, fmt.Errorf("decode key: %w", err)
+	}
+	return k, nil
+}
+
+// callKeyFn calls fn with c (for callErr).
+func callKeyFn[K comparable, U any](c *KeyedContext[K, U], fn func(*KeyedContext[K, U]) error) error {
+	return fn(c)
+}
+
+// forKey implements keyTask.
+func (kt *keyedTask[K, T, U]) forKey(k K, kg uint16, fn func(*KeyedContext[K, U]) error) error {
+	kb, err := kt.codec.Append(kt.scratch[:0], k)
+	if err != nil {
+		return fmt.Errorf("encode key: %w", err)
+	}
+	kt.scratch = kb
+	kt.backend.SetCurrentKeyGroup(kb, kg)
+	kt.kctx.key = k
+	ctx := kt.kctx.ctx
+	if err := callErr(ctx, kt.n.retry, callKeyFn[K, U], kt.kctx, fn); err != nil {
+		t := state.Timer{Domain: state.EventTime, Timestamp: kt.groupTS, KeyGroup: kg, Key: append([]byte(nil), kb...)}
+		if err := kt.reject(ctx, err, t, kt.groupTS); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -17,7 +17,17 @@ const (
 	EventTime TimeDomain = 1
 	// ProcessingTime timers fire by the wall clock.
 	ProcessingTime TimeDomain = 2
+	// GroupEventTime timers belong to a key group, not a key (see
+	// RegisterGroup); they fire like EventTime timers, and Timer.Key is
+	// empty.
+	GroupEventTime TimeDomain = 3
 )
+
+// numDomains sizes the per-domain arrays (indexed by TimeDomain).
+const numDomains = 4
+
+// validDomain reports whether d is a timer domain.
+func validDomain(d TimeDomain) bool { return d >= EventTime && d <= GroupEventTime }
 
 // Timer is a registered timer. Key is read-only: it shares the memory of
 // the fired timer, which the Timers never use again, so the caller may keep
@@ -36,7 +46,9 @@ type Timer struct {
 // is unique. Not safe for concurrent use (see Backend).
 //
 // Stored key: keyGroup | name | domain(1) | timestamp (8 BE, sign flipped) |
-// key, with an empty value, so a key group's timers sort by time.
+// key, with an empty value, so a key group's timers sort by time. A group
+// timer (GroupEventTime, RegisterGroup) has an empty key part; its domain
+// byte keeps it apart from a key's timer even for an empty key.
 //
 // A timer registered since the last Snapshot is pending: it is not in the
 // write-back layer but in a list (added) that Snapshot writes into the layer
@@ -69,13 +81,13 @@ type Timers struct {
 	// rmAt[d] holds the timestamps at which a timer that was not pending
 	// was removed since the last Snapshot (its deletion is in the current
 	// layer), rmLast[d] the last of them (a cache).
-	rmAt   [3]map[int64]struct{}
-	rmLast [3]int64
-	q      [3]timerQueue // by domain
+	rmAt   [numDomains]map[int64]struct{}
+	rmLast [numDomains]int64
+	q      [numDomains]timerQueue // by domain
 	// n counts the members of set by domain (index EventTime,
 	// ProcessingTime), kept exact by every change of set so that Len is
 	// O(1): the keyed task asks it for every message.
-	n    [3]int
+	n    [numDomains]int
 	kbuf []byte
 	// keys holds the set's keys, copied in chunks of keyChunk bytes (one
 	// allocation per chunk, not per timer). A chunk is never written again
@@ -141,7 +153,7 @@ func NewTimers(b *Backend, name string) (*Timers, error) {
 	for kg := b.cfg.kgStart; kg < b.cfg.kgEnd; kg++ {
 		err := b.scan(uint16(kg), h.prefix, func(sk, _ []byte) (bool, error) {
 			rest := sk[len(h.prefix):]
-			if len(rest) < 9 || (rest[0] != byte(EventTime) && rest[0] != byte(ProcessingTime)) {
+			if len(rest) < 9 || !validDomain(TimeDomain(rest[0])) {
 				return false, fmt.Errorf("%w: timers %s: malformed key", ErrDecode, name)
 			}
 			t.kbuf = appendLayerKey(t.kbuf[:0], uint16(kg), sk)
@@ -235,10 +247,25 @@ func (t *Timers) timerKey(d TimeDomain, ts int64) ([]byte, error) {
 		return nil, ErrNoCurrentKey
 	}
 	b := t.h.b
-	t.kbuf = appendLayerKey(t.kbuf[:0], b.kg, t.h.prefix)
-	t.kbuf = append(t.kbuf, byte(d))
-	t.kbuf = binary.BigEndian.AppendUint64(t.kbuf, uint64(ts)^(1<<63))
+	t.kbuf = t.appendKey(t.kbuf[:0], b.kg, d, ts)
 	t.kbuf = append(t.kbuf, b.key...)
+	return t.kbuf, nil
+}
+
+// appendKey appends the stored key of a timer without its key part.
+func (t *Timers) appendKey(dst []byte, kg uint16, d TimeDomain, ts int64) []byte {
+	dst = appendLayerKey(dst, kg, t.h.prefix)
+	dst = append(dst, byte(d))
+	return binary.BigEndian.AppendUint64(dst, uint64(ts)^(1<<63))
+}
+
+// groupKey returns the stored key of key group kg's group timer at ts.
+func (t *Timers) groupKey(kg uint16, ts int64) ([]byte, error) {
+	b := t.h.b
+	if int(kg) < b.cfg.kgStart || int(kg) >= b.cfg.kgEnd {
+		return nil, fmt.Errorf("%w: key group %d outside the backend's range", ErrInvalid, kg)
+	}
+	t.kbuf = t.appendKey(t.kbuf[:0], kg, GroupEventTime, ts)
 	return t.kbuf, nil
 }
 
@@ -276,8 +303,39 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 	if err != nil {
 		return err
 	}
+	t.register(d, ts, k)
+	return nil
+}
+
+// RegisterGroup adds the GroupEventTime timer of key group kg (in the
+// backend's range) at ts; a duplicate is a no-op. It needs no current key.
+// A group timer is state like the others: checkpointed and restored with
+// its key group, so an operator can keep one timer per key group and time
+// for state that many keys share (the window operator does, per window
+// end) and find the keys another way when it fires.
+func (t *Timers) RegisterGroup(kg uint16, ts int64) error {
+	k, err := t.groupKey(kg, ts)
+	if err != nil {
+		return err
+	}
+	t.register(GroupEventTime, ts, k)
+	return nil
+}
+
+// HasGroup reports whether key group kg has a group timer at ts.
+func (t *Timers) HasGroup(kg uint16, ts int64) bool {
+	k, err := t.groupKey(kg, ts)
+	if err != nil {
+		return false
+	}
+	_, ok := t.set[string(k)]
+	return ok
+}
+
+// register adds timer k (d, ts) unless it is registered.
+func (t *Timers) register(d TimeDomain, ts int64, k []byte) {
 	if _, dup := t.set[string(k)]; dup {
-		return nil
+		return
 	}
 	ks := t.intern(k)
 	if m := t.rmAt[d]; len(m) != 0 {
@@ -286,13 +344,12 @@ func (t *Timers) Register(d TimeDomain, ts int64) error {
 			// deletion would be in the current layer.
 			t.add(d, ts, ks, 0)
 			t.h.b.cur.putTimer(k) // not in the set: no value visible
-			return nil
+			return
 		}
 	}
 	t.add(d, ts, ks, t.gen<<32|uint64(len(t.added)+1))
 	t.added = append(t.added, ks)
 	t.h.b.timerBytes += int64(len(k)) + 48
-	return nil
 }
 
 // Has reports whether the current key has a timer at ts in domain d
@@ -383,7 +440,7 @@ func (t *Timers) sortKeys(keys []string) {
 
 // top returns the earliest bucket of domain d (nil: none).
 func (t *Timers) top(d TimeDomain) *timerBucket {
-	if d != EventTime && d != ProcessingTime || len(t.q[d].heap) == 0 {
+	if !validDomain(d) || len(t.q[d].heap) == 0 {
 		return nil
 	}
 	return t.q[d].heap[0]
@@ -399,7 +456,8 @@ func (t *Timers) NextTimestamp(d TimeDomain) (int64, bool) {
 
 // PopDue removes and returns the earliest timer of domain d with
 // Timestamp <= upTo (ties by key group, then key); false when none is due.
-// The caller typically calls SetCurrentKey(timer.Key) before using handles.
+// The caller typically calls SetCurrentKey(timer.Key) before using handles
+// (a GroupEventTime timer has no key: only its KeyGroup).
 func (t *Timers) PopDue(d TimeDomain, upTo int64) (Timer, bool, error) {
 	bk := t.top(d)
 	if bk == nil || bk.ts > upTo {
@@ -460,7 +518,7 @@ func (t *Timers) Due(d TimeDomain, upTo int64) iter.Seq2[Timer, error] {
 // Len returns the number of registered timers in domain d (0 for an
 // unknown domain). O(1).
 func (t *Timers) Len(d TimeDomain) int {
-	if d != EventTime && d != ProcessingTime {
+	if !validDomain(d) {
 		return 0
 	}
 	if invariants.Enabled && invariants.Sometimes(1) {

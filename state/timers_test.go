@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -335,5 +336,122 @@ func TestTimersPendingUntilSnapshot(t *testing.T) {
 	}
 	if !maps.Equal(got, want) || len(want) < 3 {
 		t.Fatalf("restored timers %v, want %v", got, want)
+	}
+}
+
+// TestGroupTimers: a key group's timers need no current key, are unique
+// per key group and time, pop in time order (then key group) with an
+// empty key, stay apart from a key's timers (also of an empty key), and
+// are checkpointed and restored like them.
+func TestGroupTimers(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	b := newBackend(t, s, WithKeyGroupRange(0, 64))
+	tm := must(NewTimers(b, "t"))
+	for _, g := range []struct {
+		kg uint16
+		ts int64
+	}{{3, 20}, {1, 20}, {3, 10}, {3, 20}, {5, 30}} {
+		if err := tm.RegisterGroup(g.kg, g.ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tm.RegisterGroup(64, 10); err == nil {
+		t.Fatal("RegisterGroup outside the backend's key groups: no error")
+	}
+	b.SetCurrentKey(nil) // a key's timer with an empty key: another timer
+	kg0 := b.CurrentKeyGroup()
+	if err := tm.Register(EventTime, 20); err != nil {
+		t.Fatal(err)
+	}
+	if n := tm.Len(GroupEventTime); n != 4 {
+		t.Fatalf("%d group timers, want 4 (one duplicate)", n)
+	}
+	if !tm.HasGroup(3, 10) || tm.HasGroup(2, 10) || tm.HasGroup(3, 30) {
+		t.Fatal("HasGroup disagrees with the registrations")
+	}
+	if !tm.Has(EventTime, 20) || tm.Len(EventTime) != 1 {
+		t.Fatal("the key's timer is missing or counted with the group timers")
+	}
+	checkpointNow(t, s, b, 1)
+	s.Close()
+
+	s = openStore(t, dir)
+	b = newBackend(t, s, WithKeyGroupRange(0, 64))
+	tm = must(NewTimers(b, "t"))
+	var got []string
+	for timer, err := range tm.Due(GroupEventTime, 25) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(timer.Key) != 0 || timer.Domain != GroupEventTime {
+			t.Fatalf("group timer %+v has a key or another domain", timer)
+		}
+		got = append(got, fmt.Sprint(timer.KeyGroup, "@", timer.Timestamp))
+	}
+	if fmt.Sprint(got) != "[3@10 1@20 3@20]" {
+		t.Fatalf("restored group timers due by 25: %v, want [3@10 1@20 3@20]", got)
+	}
+	if !tm.HasGroup(5, 30) || tm.Len(GroupEventTime) != 1 {
+		t.Fatal("the group timer at 30 was not restored, or others were left")
+	}
+	tm2, ok, err := tm.PopDue(EventTime, 25)
+	if err != nil || !ok || len(tm2.Key) != 0 || tm2.KeyGroup != kg0 {
+		t.Fatalf("the empty key's timer after the restore: %+v %v %v", tm2, ok, err)
+	}
+}
+
+// TestMapEntries: Entries lists every key's map entries of a key group,
+// from the layers merged over the store (deleted ones left out).
+func TestMapEntries(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	b := newBackend(t, s)
+	m := must(NewMap(b, "m", Int64Codec(), StringCodec()))
+	keys := map[uint16][]string{}
+	put := func(key string, k int64) {
+		b.SetCurrentKey([]byte(key))
+		if err := m.Put(k, "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		key := fmt.Sprint("key", i)
+		put(key, int64(i))
+		put(key, int64(-i-1))
+	}
+	checkpointNow(t, s, b, 1)
+	for i := range 50 {
+		key := fmt.Sprint("key", i)
+		if i%2 == 0 {
+			b.SetCurrentKey([]byte(key))
+			if err := m.Delete(int64(-i - 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		put(key, 1000+int64(i)) // in the current layer only
+	}
+	for i := range 50 {
+		key := fmt.Sprint("key", i)
+		kg := KeyGroup([]byte(key), DefaultMaxParallelism)
+		keys[kg] = append(keys[kg], fmt.Sprint(key, ":", i), fmt.Sprint(key, ":", 1000+i))
+		if i%2 != 0 {
+			keys[kg] = append(keys[kg], fmt.Sprint(key, ":", -i-1))
+		}
+	}
+	for kg := range uint16(DefaultMaxParallelism) {
+		var got []string
+		err := m.Entries(kg, func(key []byte, k int64) (bool, error) {
+			got = append(got, fmt.Sprint(string(key), ":", k))
+			return true, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := keys[kg]
+		slices.Sort(want)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("key group %d: entries %v, want %v", kg, got, want)
+		}
 	}
 }

@@ -1,5 +1,10 @@
 package state
 
+import (
+	"encoding/binary"
+	"fmt"
+)
+
 // GetBuffered is Get as far as memory knows: it looks at the write-back
 // layers and the cache of committed values, never the store. known false
 // means that only the store could tell (v and ok are then zero). It lets a
@@ -37,4 +42,34 @@ func (m *Map[K, V]) KnownAbsent() {
 	if l := m.h.b.cur; l.missOK {
 		l.missAbsent = true
 	}
+}
+
+// Entries calls fn with the user key and the map key of every entry of the
+// map in keyGroup (any user key, not only the current one: the layers
+// merged over the store), in stored-key order, until fn returns false or an
+// error. key is valid only during the call; fn must not modify state. The
+// window operator rebuilds its in-memory index of windows by end from it
+// when it starts (see its group timers).
+func (m *Map[K, V]) Entries(keyGroup uint16, fn func(key []byte, k K) (bool, error)) error {
+	h := &m.h
+	var now int64
+	if h.cfg != nil {
+		now = h.cfg.clock().UnixNano()
+	}
+	return h.b.scan(keyGroup, h.prefix, func(sk, val []byte) (bool, error) {
+		rest := sk[len(h.prefix):]
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || uint64(len(rest)-w) < n {
+			return false, fmt.Errorf("%w: %s: malformed state key", ErrDecode, h.name)
+		}
+		if h.cfg != nil && (len(val) < 8 || int64(binary.BigEndian.Uint64(val)) <= now) {
+			return true, nil
+		}
+		key := rest[w : w+int(n)]
+		k, err := m.kc.Decode(rest[w+int(n):])
+		if err != nil {
+			return false, fmt.Errorf("state: %s: key: %w", h.name, err)
+		}
+		return fn(key, k)
+	})
 }

@@ -20,14 +20,18 @@ type contents[K comparable, T, OUT any] interface {
 	add(sw span, v T, empty func(span) bool) (created bool, err error)
 	// fire emits sw's results through out, with p.Firing set to its firing
 	// index, and then drops the data (purge) or counts the firing. It
-	// reports false when sw has no data.
-	fire(p *Pane[K], sw span, purge bool, out func(OUT) error) (bool, error)
+	// reports false when sw has no data. With first, a window that fired
+	// before is left alone (a group timer firing again after a restore).
+	fire(p *Pane[K], sw span, purge, first bool, out func(OUT) error) (bool, error)
 	// merge moves src's data into dst.
 	merge(dst, src span) error
 	// clear drops sw's data.
 	clear(sw span) error
 	// windows appends the current key's windows with data to dst.
 	windows(dst []span) ([]span, error)
+	// entries calls fn with every key (encoded) and window with data in
+	// key group kg.
+	entries(kg uint16, fn func(kb []byte, w span) (bool, error)) error
 	// check reports why the function cannot be used (nil: it can).
 	check(merging bool) error
 }
@@ -92,10 +96,13 @@ func getAbsent[V any](m *state.Map[span, V], sw span, empty func(span) bool) (V,
 	return e, ok, nil
 }
 
-func (c *incContents[K, T, ACC, OUT]) fire(p *Pane[K], sw span, purge bool, out func(OUT) error) (bool, error) {
+func (c *incContents[K, T, ACC, OUT]) fire(p *Pane[K], sw span, purge, first bool, out func(OUT) error) (bool, error) {
 	e, ok, err := c.m.Get(sw)
 	if err != nil || !ok {
 		return false, err
+	}
+	if first && e.fired > 0 {
+		return true, nil
 	}
 	p.Firing = int(e.fired)
 	if err := out(c.fn.result(e.acc)); err != nil {
@@ -127,6 +134,10 @@ func (c *incContents[K, T, ACC, OUT]) merge(dst, src span) error {
 }
 
 func (c *incContents[K, T, ACC, OUT]) clear(sw span) error { return c.m.Delete(sw) }
+
+func (c *incContents[K, T, ACC, OUT]) entries(kg uint16, fn func(kb []byte, w span) (bool, error)) error {
+	return c.m.Entries(kg, fn)
+}
 
 func (c *incContents[K, T, ACC, OUT]) windows(dst []span) ([]span, error) {
 	err := c.m.Range(func(w span, _ accEntry[ACC]) bool { dst = append(dst, w); return true })
@@ -187,10 +198,13 @@ func (c *procContents[K, T, OUT]) load(sw span) error {
 	})
 }
 
-func (c *procContents[K, T, OUT]) fire(p *Pane[K], sw span, purge bool, out func(OUT) error) (bool, error) {
+func (c *procContents[K, T, OUT]) fire(p *Pane[K], sw span, purge, first bool, out func(OUT) error) (bool, error) {
 	m, ok, err := c.meta.Get(sw)
 	if err != nil || !ok {
 		return false, err
+	}
+	if first && m.fired > 0 {
+		return true, nil
 	}
 	if err := c.load(sw); err != nil {
 		return true, err
@@ -258,6 +272,10 @@ func (c *procContents[K, T, OUT]) clear(sw span) error {
 	}
 	clear(c.buf)
 	return c.clearLoaded(sw)
+}
+
+func (c *procContents[K, T, OUT]) entries(kg uint16, fn func(kb []byte, w span) (bool, error)) error {
+	return c.meta.Entries(kg, fn)
 }
 
 func (c *procContents[K, T, OUT]) windows(dst []span) ([]span, error) {

@@ -56,8 +56,14 @@
 // (window, sequence number) to record (so that adding a record writes one
 // entry, where a per-key state.List would rewrite the list), session windows
 // in a state.Map from window to the window that holds its state, and trigger
-// state in a state.Map from window to bytes. Timers are the operator's
-// per-key event and processing-time timers, restored with the checkpoint.
+// state in a state.Map from window to bytes. Event-time tumbling and sliding
+// windows with the default trigger have one timer per key group and time
+// (pipeline.KeyedContext.RegisterGroupEventTimer) rather than one per key
+// and window: the operator keeps in memory which keys have a window ending
+// at each time, and rebuilds that index from the window state when it
+// starts. Other windows (processing time, sessions, custom triggers) have
+// the operator's per-key event and processing-time timers. All timers are
+// restored with the checkpoint.
 // Exactly-once: a job restored from a checkpoint has the window state,
 // timers and watermarks of that checkpoint, so it emits the same results as
 // a run without failure (when the input order is deterministic, see

@@ -104,6 +104,13 @@ type operator[K comparable, T, OUT any] struct {
 	// emptyFn is stateless, for the windows that it can tell about (nil:
 	// none).
 	emptyFn func(span) bool
+
+	// Group timers (index.go): idx is nil when the operator has per-key
+	// timers.
+	idx        *windowIndex[K]
+	gw         span // the window OnGroupTimer fires or expires
+	fireKeyFn  func(*pipeline.KeyedContext[K, Result[K, OUT]]) error
+	clearKeyFn func(*pipeline.KeyedContext[K, Result[K, OUT]]) error
 }
 
 type session struct{ actual, state span }
@@ -114,6 +121,10 @@ func newOperator[K comparable, T, OUT any](a Assigner, cfg config, c contents[K,
 	o.outFn = o.out
 	if o.trig == nil && !a.merging() {
 		o.emptyFn = o.stateless
+		if a.eventTime() {
+			o.idx = &windowIndex[K]{}
+			o.fireKeyFn, o.clearKeyFn = o.fireKey, o.clearKey
+		}
 	}
 	if err := a.validate(); err != nil {
 		o.err = err
@@ -178,6 +189,11 @@ func (o *operator[K, T, OUT]) cleanupTime(w span) int64 {
 // ProcessElement implements pipeline.KeyedProcessFunc.
 func (o *operator[K, T, OUT]) ProcessElement(ctx *pipeline.KeyedContext[K, Result[K, OUT]], v T) error {
 	o.ctx = ctx
+	if o.idx != nil && !o.idx.built {
+		if err := o.ensureIndex(ctx); err != nil {
+			return err
+		}
+	}
 	evt := o.a.eventTime()
 	wm := int64(math.MinInt64)
 	var ts int64
@@ -220,7 +236,12 @@ func (o *operator[K, T, OUT]) ProcessElement(ctx *pipeline.KeyedContext[K, Resul
 			continue
 		}
 		if created {
-			if err := o.registerTimers(w, wm); err != nil {
+			if o.idx != nil {
+				err = o.indexWindow(w, wm)
+			} else {
+				err = o.registerTimers(w, wm)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -334,6 +355,9 @@ func (o *operator[K, T, OUT]) stateless(w span) bool {
 	if o.trig != nil || o.a.merging() {
 		return false
 	}
+	if o.idx != nil {
+		return !o.idx.has(w.end, o.ctx.Key())
+	}
 	if o.a.procTime {
 		return !o.ctx.HasProcessingTimer(time.Unix(0, w.maxTs()))
 	}
@@ -396,7 +420,16 @@ func (o *operator[K, T, OUT]) apply(w, sw span, r TriggerResult) error {
 func (o *operator[K, T, OUT]) fire(w, sw span, purge bool) error {
 	o.cur = w
 	o.pane = Pane[K]{Key: o.ctx.Key(), Window: w.window(), Watermark: o.ctx.Watermark()}
-	_, err := o.cont.fire(&o.pane, sw, purge, o.outFn)
+	_, err := o.cont.fire(&o.pane, sw, purge, false, o.outFn)
+	return err
+}
+
+// fireFirst is fire for the first firing of window w (state in w): a
+// window that fired before is left alone.
+func (o *operator[K, T, OUT]) fireFirst(w span, purge, first bool) error {
+	o.cur = w
+	o.pane = Pane[K]{Key: o.ctx.Key(), Window: w.window(), Watermark: o.ctx.Watermark()}
+	_, err := o.cont.fire(&o.pane, w, purge, first, o.outFn)
 	return err
 }
 
@@ -417,7 +450,10 @@ func (o *operator[K, T, OUT]) OnTimer(ctx *pipeline.KeyedContext[K, Result[K, OU
 	if o.a.procTime {
 		want = state.ProcessingTime
 	}
-	if t.Domain != want || ts == math.MaxInt64 {
+	if t.Domain != want || ts == math.MaxInt64 || o.idx != nil {
+		// With group timers, a key's window timer comes from a
+		// checkpoint of an older version: the group timers registered
+		// for the restored windows (ensureIndex) fire and expire them.
 		return nil
 	}
 	if o.a.merging() {

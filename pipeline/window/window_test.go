@@ -533,10 +533,10 @@ var _ = state.EventTime
 // TestWindowStateRestored: windows open when a job stops keep their
 // accumulators in the checkpoint. After the restore the operator's memory
 // knows neither window state nor its absence: a record for a restored
-// window must read its state from the store (the window's timer says it
-// exists), and a record for a new window must start it empty (no timer).
-// Key b's window gets no record after the restore: its state is never read,
-// only fired from the restored timer.
+// window must read its state from the store (the window index rebuilt from
+// the state says it exists), and a record for a new window must start it
+// empty (not indexed). Key b's window gets no record after the restore: its
+// state is never read, only fired from the restored group timer.
 func TestWindowStateRestored(t *testing.T) {
 	in := []ev{{"a", 1, 0}, {"b", 2, 0}, {"a", 3, 0}, {"c", 4, 0}, {"a", 15, 0}}
 	dir := t.TempDir()
@@ -567,7 +567,7 @@ func TestWindowStateRestored(t *testing.T) {
 		return sorted(fmtResults(out.all()))
 	}
 	equal(t, "first run", run(2), []string{})
-	storedWindowState(t, dir, 2) // a and b in [0s,10s), with their timers
+	storedWindowState(t, dir, 2) // a and b in [0s,10s), with their group timers
 	equal(t, "resumed run", run(0), sorted([]string{
 		"a [0s,10s) 2 #0", "b [0s,10s) 1 #0", "c [0s,10s) 1 #0", "a [10s,20s) 1 #0",
 	}))
@@ -578,8 +578,10 @@ func TestWindowStateRestored(t *testing.T) {
 }
 
 // storedWindowState checks that the window operator "w" of a job with
-// checkpoints in dir has want window accumulators and want event timers in
-// the store.
+// checkpoints in dir has want window accumulators in the store, no key
+// timers, and the group timers of their key groups: one at the windows'
+// end for each key group with an accumulator (the tests' windows have no
+// lateness).
 func storedWindowState(t *testing.T, dir string, want int) {
 	t.Helper()
 	s, err := checkpoint.Open(dir, checkpoint.Options{})
@@ -587,16 +589,128 @@ func storedWindowState(t *testing.T, dir string, want int) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	for _, name := range []string{"window.acc", "runnel.timers"} {
+	scan := func(name string, fn func(kg uint16, k []byte)) {
 		prefix := append([]byte{byte(len(name))}, name...)
-		n := 0
-		for kg := range state.DefaultMaxParallelism {
-			if err := s.ScanState("w", uint16(kg), prefix, func(_, _ []byte) bool { n++; return true }); err != nil {
+		for kg := range uint16(state.DefaultMaxParallelism) {
+			if err := s.ScanState("w", kg, prefix, func(k, _ []byte) bool { fn(kg, k[len(prefix):]); return true }); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if n != want {
-			t.Errorf("%s: %d entries in the store, want %d", name, n, want)
+	}
+	n, groups := 0, map[uint16]bool{}
+	scan("window.acc", func(kg uint16, _ []byte) { n++; groups[kg] = true })
+	if n != want {
+		t.Errorf("window.acc: %d entries in the store, want %d", n, want)
+	}
+	scan("runnel.timers", func(kg uint16, k []byte) {
+		if state.TimeDomain(k[0]) != state.GroupEventTime || len(k) != 9 {
+			t.Errorf("key group %d: a stored timer %x that is not a group timer", kg, k)
+			return
 		}
+		if !groups[kg] {
+			t.Errorf("key group %d: a stored group timer without windows", kg)
+		}
+		delete(groups, kg)
+	})
+	if len(groups) != 0 {
+		t.Errorf("key groups %v have windows but no stored group timer", groups)
+	}
+}
+
+// TestGroupTimersManyKeys: sliding event-time windows (group timers) of
+// 300 keys over many key groups and both subtasks, with allowed lateness:
+// every key's window fires once with its exact count, a record within the
+// lateness re-fires its fired window and joins the next one unfired, and a
+// record past it goes to the side output.
+func TestGroupTimersManyKeys(t *testing.T) {
+	const keys = 300
+	var in []ev
+	want := map[string]int64{} // "key [start,end)" -> count
+	add := func(e ev) {
+		in = append(in, e)
+		s := math.Floor(e.T/10) * 10
+		for _, st := range []float64{s - 10, s} {
+			want[fmt.Sprintf("%s [%v,%v)", e.K, time.Duration(st)*time.Second, time.Duration(st+20)*time.Second)]++
+		}
+	}
+	for i := range 1200 {
+		add(ev{K: fmt.Sprintf("k%03d", i%keys), T: float64(i) * 0.03})
+	}
+	var wantOut []string
+	for w, n := range want {
+		wantOut = append(wantOut, fmt.Sprintf("%s %d #0", w, n))
+	}
+	// At watermark 36 s: [10s,30s) fired and is kept until 40 s, [20s,40s)
+	// has not fired; every window of 5 s expired at 30 s.
+	in = append(in, ev{K: "k008", T: 21}, ev{K: "k007", T: 5})
+	wantOut = append(wantOut, fmt.Sprintf("k008 [10s,30s) %d #1", want["k008 [10s,30s)"]+1))
+	for i, r := range wantOut {
+		if strings.HasPrefix(r, "k008 [20s,40s) ") {
+			wantOut[i] = fmt.Sprintf("k008 [20s,40s) %d #0", want["k008 [20s,40s)"]+1)
+		}
+	}
+	job := newJob(t, "many-keys")
+	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}})
+	lateTag := pipeline.NewOutputTag[ev]("late")
+	res := window.Apply(pipeline.KeyBy(src, key), "w", window.Sliding(20*time.Second, 10*time.Second), window.Count[ev](),
+		window.AllowedLateness(10*time.Second), window.LateRecords(lateTag))
+	var out collect[window.Result[string, int64]]
+	var late collect[ev]
+	pipeline.To(res, "out", out.sink())
+	pipeline.To(pipeline.SideOutput(res, lateTag), "late", late.sink())
+	runJob(t, job)
+	equal(t, "results", sorted(fmtResults(out.all())), sorted(wantOut))
+	if l := late.all(); len(l) != 1 || l[0] != in[len(in)-1] {
+		t.Fatalf("late %v, want [%v]", l, in[len(in)-1])
+	}
+}
+
+// TestGroupTimersRestoreFired: a window that fired before a checkpoint and
+// is kept for its lateness is restored with its group timers, which the
+// restored operator registers again: it must not fire again at its end,
+// only when a late record updates it, and it expires at its cleanup time.
+func TestGroupTimersRestoreFired(t *testing.T) {
+	in := []ev{{"a", 1, 0}, {"b", 2, 0}, {"a", 12, 0}, {"a", 5, 0}, {"c", 25, 0}, {"b", 45, 0}, {"b", 3, 0}}
+	dir := t.TempDir()
+	run := func(stopAfter int64, wantOut int) ([]string, []ev) {
+		opt, ready := started()
+		job := pipeline.New("restore-fired", pipeline.CheckpointDir(dir), pipeline.DefaultParallelism(2), opt)
+		sc := &scripted{splits: [][]ev{in}, hold: map[int]chan struct{}{}}
+		if stopAfter > 0 {
+			sc.splits[0] = in[:stopAfter]
+			sc.hold[0] = make(chan struct{}) // never released: the run is stopped
+		}
+		src := pipeline.FromSource(job, "src", sc)
+		lateTag := pipeline.NewOutputTag[ev]("late")
+		res := window.Apply(pipeline.KeyBy(src, key), "w", window.Tumbling(10*time.Second), window.Count[ev](),
+			window.AllowedLateness(20*time.Second), window.LateRecords(lateTag))
+		var out collect[window.Result[string, int64]]
+		var late collect[ev]
+		pipeline.To(res, "out", out.sink())
+		pipeline.To(pipeline.SideOutput(res, lateTag), "late", late.sink())
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() { errc <- job.Run(ctx) }()
+		<-ready
+		if stopAfter > 0 {
+			waitFor(t, "the first results", func() bool { return inCount(job, "w") == stopAfter && len(out.all()) == wantOut })
+			cancel() // graceful stop with a stop checkpoint
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		return sorted(fmtResults(out.all())), late.all()
+	}
+	first, _ := run(3, 2)
+	equal(t, "first run", first, []string{"a [0s,10s) 1 #0", "b [0s,10s) 1 #0"})
+	// Resumed: a@5 re-fires [0s,10s); b@45 moves the watermark past the
+	// cleanup of [0s,10s) (30 s), so b@3 is late.
+	second, late := run(0, 0)
+	equal(t, "resumed run", second, sorted([]string{
+		"a [0s,10s) 2 #1", "a [10s,20s) 1 #0", "c [20s,30s) 1 #0", "b [40s,50s) 1 #0",
+	}))
+	if len(late) != 1 || late[0] != in[6] {
+		t.Fatalf("late after restore %v, want [%v]", late, in[6])
 	}
 }
