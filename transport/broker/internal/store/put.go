@@ -335,6 +335,7 @@ func (s *Store) commitLocked(reqs []*putRequest) error {
 	touched := s.touched[:0]
 	refs := s.refs[:0]
 	physNext := s.physNext
+	maxKeys := 0 // most index keys of one message in the round
 	// Pass 1: assign offsets, patch the records, report results.
 	for _, r := range reqs {
 		for i := range r.msgs {
@@ -357,6 +358,7 @@ func (s *Store) commitLocked(reqs []*putRequest) error {
 			binary.BigEndian.PutUint64(rec[m.StoreTimestampPos:], uint64(now))
 			r.res[i] = PutResult{QueueOffset: off, PhysicalOffset: phys, StoreTimestamp: now}
 			refs = append(refs, msgRef{m: m, q: q, off: off, phys: phys})
+			maxKeys = max(maxKeys, len(m.Keys))
 		}
 	}
 	// The batch is laid out key range by key range (each queue's messages,
@@ -402,9 +404,19 @@ func (s *Store) commitLocked(reqs []*putRequest) error {
 			return s.abortRound(touched, refs, err)
 		}
 	}
-	for _, ref := range refs {
-		m := ref.m
-		for _, k := range m.Keys {
+	// Key index entries column by column (every message's first key, then
+	// every message's second key, …): a column usually holds one kind of
+	// key (the KEYS value, the UNIQ_KEY, a transaction's commit key), and
+	// the UNIQ_KEYs and commit keys of consecutive messages are neighbours,
+	// so the splice hint serves them where message-by-message order made
+	// each key a jump to another range and a full skiplist descent.
+	for col := 0; col < maxKeys; col++ {
+		for _, ref := range refs {
+			m := ref.m
+			if col >= len(m.Keys) {
+				continue
+			}
+			k := m.Keys[col]
 			op := b.SetDeferred(keyIndexKeyLen(m.Topic, k), 0)
 			appendKeyIndexKey(op.Key[:0], m.Topic, k, now, ref.phys)
 			if err := op.Finish(); err != nil {
