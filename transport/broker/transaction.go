@@ -44,8 +44,9 @@ import (
 // serialised by a per-half lock and looks the op record up first, so a
 // repeated END_TRANSACTION is answered success without storing again.
 //
-// A commit served inline (the common case, see Fast paths) writes no op
-// record: its final message, in the real topic, is also indexed under
+// A commit served inline (the common case, see Fast paths) whose final
+// message stays in the real topic (not delayed) writes no op record: its
+// final message, in the real topic, is also indexed under
 // commitKey(h), a key no KEYS value can be (it holds a space), so the final
 // message is its own op record, written in the same store round by
 // construction (one record and three index entries fewer per commit). The
@@ -84,8 +85,9 @@ import (
 // stored itself, the common case:
 //   - the record of each half message stored since the broker started is
 //     kept (a copy, as stored: offsets and store time patched) until the
-//     half message ends, within halfCacheBytes; a record not kept is read
-//     from the store;
+//     half message ends, within halfCacheBytes and a window of
+//     halfWindowMax half queue offsets (found by the request's queue and
+//     physical offsets); a record not kept is read from the store;
 //   - every outcome of a half message at or above pendingFrom (the half
 //     queue's end when the broker started, or when the outcome cache last
 //     had room again) is in the outcome cache, so one missing from it is
@@ -202,9 +204,13 @@ type transactions struct {
 		// busy holds the half messages (by physical offset) being ended;
 		// the channel is closed when the holder is done.
 		busy map[int64]chan struct{}
-		// ended caches the outcome of half messages (by queue offset) at
-		// or above scanFrom, so the checker rarely reads op records.
-		ended map[int64]txState
+		// ended caches the outcome of half messages at or above scanFrom,
+		// so the checker rarely reads op records: ended[i] is that of
+		// half queue offset endedBase+i (txPending: not known). A window
+		// rather than a map: half messages end roughly in queue order,
+		// so its accesses are neighbours.
+		ended     []txState
+		endedBase int64 // <= scanFrom
 		// pendingFrom: every outcome of a half message at or above it
 		// (and at or above scanFrom) is in ended (math.MaxInt64: none
 		// known; see the file comment).
@@ -215,62 +221,130 @@ type transactions struct {
 	ends sync.Pool
 
 	// halves holds the records of half messages stored by this process
-	// and not ended yet (see the file comment).
+	// and not ended yet (see the file comment), by half queue offset:
+	// slots[i] is offset base+i. Half messages are stored in queue order
+	// and mostly ended in it, so the window is short and its accesses are
+	// neighbours (a map keyed by physical offset was a cache miss per
+	// access).
 	halves struct {
 		sync.Mutex
-		recs  map[int64][]byte // by physical offset
+		base  int64
+		slots []keptHalf
 		bytes int
 	}
 }
 
+// keptHalf is the kept record of the half message at physical offset
+// phys (rec nil: none).
+type keptHalf struct {
+	phys int64
+	rec  []byte
+}
+
+// halfWindowMax bounds the half queue offsets the kept records span: a
+// half message that stays pending that long (its producer died) is
+// dropped from memory, so that it does not pin the window.
+const halfWindowMax = 1 << 18
+
 func newTransactions(b *Broker) *transactions {
 	t := &transactions{b: b, log: b.log, cfg: b.cfg.tx}
 	t.mu.busy = make(map[int64]chan struct{})
-	t.mu.ended = make(map[int64]txState)
 	t.mu.pendingFrom = math.MaxInt64
-	t.halves.recs = make(map[int64][]byte)
 	t.ends.New = newPendingEnd
 	return t
 }
 
 // ---- in-memory half messages ----
 
+// recordQueueOffsetPos is the position of QUEUEOFFSET in a stored record
+// (protocol doc §4.1).
+const recordQueueOffsetPos = 20
+
 // halfStored is called by the send path once a half message's store round
 // succeeded, with its record as stored (runs on the store's committer:
 // never blocks).
 func (t *transactions) halfStored(rec []byte, phys int64) {
 	t.prepared.Add(1)
-	if len(rec) > halfCacheMaxRecord {
+	if len(rec) > halfCacheMaxRecord || len(rec) < recordQueueOffsetPos+8 {
 		return
 	}
-	t.halves.Lock()
-	defer t.halves.Unlock()
-	if t.halves.bytes+len(rec) > halfCacheBytes {
+	off := int64(binary.BigEndian.Uint64(rec[recordQueueOffsetPos:]))
+	h := &t.halves
+	h.Lock()
+	defer h.Unlock()
+	if h.bytes+len(rec) > halfCacheBytes {
 		return // read from the store when it ends
 	}
-	if old, ok := t.halves.recs[phys]; ok {
-		t.halves.bytes -= len(old)
+	if len(h.slots) == 0 {
+		h.base = off
 	}
-	t.halves.recs[phys] = bytes.Clone(rec)
-	t.halves.bytes += len(rec)
+	if off < h.base {
+		return // the window moved past it: read from the store when it ends
+	}
+	if off-h.base >= halfWindowMax {
+		t.dropHalvesBelowLocked(off - halfWindowMax + 1)
+		if len(h.slots) == 0 {
+			h.base = off
+		}
+	}
+	i := int(off - h.base)
+	for len(h.slots) <= i {
+		h.slots = append(h.slots, keptHalf{})
+	}
+	sl := &h.slots[i]
+	h.bytes += len(rec) - len(sl.rec)
+	sl.phys, sl.rec = phys, bytes.Clone(rec)
 }
 
-// cachedHalf returns the kept record of the half message at phys.
-func (t *transactions) cachedHalf(phys int64) ([]byte, bool) {
-	t.halves.Lock()
-	defer t.halves.Unlock()
-	rec, ok := t.halves.recs[phys]
-	return rec, ok
+// dropHalvesBelowLocked forgets the kept records below half queue offset
+// off. Requires t.halves.
+func (t *transactions) dropHalvesBelowLocked(off int64) {
+	h := &t.halves
+	n := int(min(off-h.base, int64(len(h.slots))))
+	for i := range n {
+		h.bytes -= len(h.slots[i].rec)
+		h.slots[i] = keptHalf{}
+	}
+	h.slots = h.slots[n:]
+	h.base = off
 }
 
-// forgetHalf drops the kept record of an ended half message.
-func (t *transactions) forgetHalf(phys int64) {
-	t.halves.Lock()
-	defer t.halves.Unlock()
-	if rec, ok := t.halves.recs[phys]; ok {
-		t.halves.bytes -= len(rec)
-		delete(t.halves.recs, phys)
+// cachedHalf returns the kept record of the half message at half queue
+// offset off and physical offset phys.
+func (t *transactions) cachedHalf(off, phys int64) ([]byte, bool) {
+	h := &t.halves
+	h.Lock()
+	defer h.Unlock()
+	i := off - h.base
+	if i < 0 || i >= int64(len(h.slots)) {
+		return nil, false
 	}
+	sl := h.slots[i]
+	if sl.rec == nil || sl.phys != phys {
+		return nil, false
+	}
+	return sl.rec, true
+}
+
+// forgetHalf drops the kept record of an ended half message (half queue
+// offset off, physical offset phys).
+func (t *transactions) forgetHalf(off, phys int64) {
+	h := &t.halves
+	h.Lock()
+	defer h.Unlock()
+	i := off - h.base
+	if i < 0 || i >= int64(len(h.slots)) || h.slots[i].phys != phys || h.slots[i].rec == nil {
+		return
+	}
+	h.bytes -= len(h.slots[i].rec)
+	h.slots[i] = keptHalf{}
+	// Move the window's front past records no longer kept.
+	n := 0
+	for n < len(h.slots) && h.slots[n].rec == nil {
+		n++
+	}
+	h.slots = h.slots[n:]
+	h.base += int64(n)
 }
 
 // trackPending turns the known-pending fast path on from the half queue's
@@ -280,6 +354,7 @@ func (t *transactions) trackPending() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.pendingFrom != math.MaxInt64 || len(t.mu.ended) >= maxEndedCache/2 {
+		// The window spans too many offsets: wait for a prune.
 		return nil
 	}
 	// Read under t.mu: an outcome dropped from the cache (markEnded, under
@@ -365,14 +440,47 @@ func (t *transactions) unlock(phys int64) {
 func (t *transactions) markEnded(off int64, st txState) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if off < t.scanFrom.Load() {
+	scanFrom := t.scanFrom.Load()
+	if off < scanFrom {
 		return
 	}
-	if len(t.mu.ended) < maxEndedCache {
-		t.mu.ended[off] = st
+	if len(t.mu.ended) == 0 || off-t.mu.endedBase >= maxEndedCache {
+		t.pruneEndedLocked(scanFrom) // nothing below scanFrom is needed
+	}
+	i := off - t.mu.endedBase
+	if i >= maxEndedCache {
+		t.mu.pendingFrom = math.MaxInt64 // the cache no longer has every outcome
 		return
 	}
-	t.mu.pendingFrom = math.MaxInt64 // the cache no longer has every outcome
+	for int64(len(t.mu.ended)) <= i {
+		t.mu.ended = append(t.mu.ended, txPending)
+	}
+	t.mu.ended[i] = st
+}
+
+// pruneEndedLocked forgets the cached outcomes below offset off (at most
+// scanFrom). Requires t.mu.
+func (t *transactions) pruneEndedLocked(off int64) {
+	n := off - t.mu.endedBase
+	if n <= 0 {
+		return
+	}
+	if n >= int64(len(t.mu.ended)) {
+		t.mu.ended = t.mu.ended[:0]
+	} else {
+		t.mu.ended = t.mu.ended[n:]
+	}
+	t.mu.endedBase = off
+}
+
+// endedAt returns the cached outcome of the half message at queue offset
+// off (txPending: none). Requires t.mu.
+func (t *transactions) endedAt(off int64) txState {
+	i := off - t.mu.endedBase
+	if i < 0 || i >= int64(len(t.mu.ended)) {
+		return txPending
+	}
+	return t.mu.ended[i]
 }
 
 func opKey(off int64) string { return strconv.FormatInt(off, 10) }
@@ -382,7 +490,7 @@ func opKey(off int64) string { return strconv.FormatInt(off, 10) }
 func (t *transactions) knownState(off int64) (txState, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if st, ok := t.mu.ended[off]; ok {
+	if st := t.endedAt(off); st != txPending {
 		return st, true
 	}
 	// scanFrom is read under t.mu: prune moves it before it deletes
@@ -455,17 +563,18 @@ func (t *transactions) opRecord(off int64, st txState) *InboundMessage {
 	}
 }
 
-// findHalf returns the half message stored at physical offset phys.
-func (t *transactions) findHalf(phys int64) (protocol.MessageExt, error) {
+// findHalf returns the half message stored at physical offset phys (off:
+// its half queue offset as the request says, which finds its kept record).
+func (t *transactions) findHalf(off, phys int64) (protocol.MessageExt, error) {
 	var m protocol.MessageExt
 	var err error
-	if rec, ok := t.cachedHalf(phys); ok {
+	if rec, ok := t.cachedHalf(off, phys); ok {
 		m, _, err = protocol.DecodeRecord(rec)
 		if err == nil && m.CommitLogOffset != phys {
 			err = fmt.Errorf("broker: kept half message at %d says %d", phys, m.CommitLogOffset)
 		}
 		if err != nil {
-			t.forgetHalf(phys)
+			t.forgetHalf(off, phys)
 			t.log.Error("broker: kept half message unusable; reading the store", "phys", phys, "err", err)
 			m, _, err = t.b.lookupByPhysicalOffset(phys)
 		}
@@ -520,7 +629,7 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 		return &protocol.Error{Code: protocol.ResSystemBusy, Remark: "[REJECTREQUEST]system busy: " + err.Error()}
 	}
 	defer unlock()
-	half, err := t.findHalf(h.CommitLogOffset)
+	half, err := t.findHalf(h.TranStateTableOffset, h.CommitLogOffset)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return sysError(remarkHalfNotFound)
@@ -572,7 +681,7 @@ func (t *transactions) alreadyEnded(half *protocol.MessageExt, st, want txState)
 		return false, nil
 	case st == want, st == txDiscarded && want == txRolledBack:
 		t.markEnded(half.QueueOffset, st)
-		t.forgetHalf(half.CommitLogOffset)
+		t.forgetHalf(half.QueueOffset, half.CommitLogOffset)
 		return true, nil // repeated end: already done
 	}
 	return true, &protocol.Error{Code: protocol.ResSystemError,
@@ -585,8 +694,9 @@ var errEndMayBlock = errors.New("broker: final message may block")
 // endRecords returns what ending half with want stores in one atomic Put:
 // its op record, after the final message for a commit. With inline it
 // fails with errEndMayBlock when the final message's rewrite may block,
-// and a commit returns the final message alone (pendingEnd.put indexes it
-// under commitKey instead of storing an op record).
+// and a commit whose final message stays in the real topic returns the
+// final message alone (pendingEnd.put indexes it under commitKey instead
+// of storing an op record).
 func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt, want txState, rc *remoting.RequestCtx, inline bool) ([]*InboundMessage, error) {
 	if want == txRolledBack {
 		return []*InboundMessage{t.opRecord(half.QueueOffset, want)}, nil
@@ -599,6 +709,7 @@ func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt
 		final.Code, final.ClientVersion, final.Conn = rc.Request().Code, rc.Request().Version, rc.Conn()
 	}
 	// The committed message is delayed like any other (DELAY, TIMER_*).
+	realTopic := final.Topic
 	if f := t.b.ext.beforeStore; f != nil {
 		if inline && t.b.sendMayBlock(&protocol.SendMessageRequestHeader{Topic: final.Topic, Properties: final.Properties}) {
 			return nil, errEndMayBlock
@@ -607,7 +718,11 @@ func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt
 			return nil, err
 		}
 	}
-	if inline {
+	// The compact form only when the final message stays in the real
+	// topic: the outcome lookup reads the commit key there, so a final
+	// message moved (a delayed one, to the schedule or timer topic) gets
+	// an op record.
+	if inline && final.Topic == realTopic {
 		return []*InboundMessage{final}, nil
 	}
 	return []*InboundMessage{final, t.opRecord(half.QueueOffset, want)}, nil
@@ -621,7 +736,7 @@ func (t *transactions) ended(half *protocol.MessageExt, want txState) {
 		t.rolledBack.Add(1)
 	}
 	t.markEnded(half.QueueOffset, want)
-	t.forgetHalf(half.CommitLogOffset)
+	t.forgetHalf(half.QueueOffset, half.CommitLogOffset)
 }
 
 // processEndInline serves END_TRANSACTION on the connection's reader
@@ -660,7 +775,7 @@ func (t *transactions) processEndInline(ctx context.Context, rc *remoting.Reques
 func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h *protocol.EndTransactionRequestHeader, want txState) (resp *protocol.Command, ok bool) {
 	req := rc.Request()
 	phys := h.CommitLogOffset
-	rec, kept := t.cachedHalf(phys)
+	rec, kept := t.cachedHalf(h.TranStateTableOffset, phys)
 	if !kept || !t.tryLock(phys) {
 		return nil, false
 	}
@@ -697,7 +812,7 @@ func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h
 	pe := t.ends.Get().(*pendingEnd)
 	pe.t, pe.rc, pe.half, pe.want = t, rc, half, want
 	rc.Defer()
-	if err := pe.put(ctx, msgs, want == txCommitted); err != nil {
+	if err := pe.put(ctx, msgs, want == txCommitted && len(msgs) == 1); err != nil {
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
 		pe.release()
 		return nil, true
@@ -1000,7 +1115,7 @@ func (t *transactions) endedRun(from, to int64) int64 {
 	to = min(to, from+endedRunMax)
 	off := from
 	for off < to {
-		if st, ok := t.mu.ended[off]; !ok || st == txPending {
+		if t.endedAt(off) == txPending {
 			break
 		}
 		off++
@@ -1097,11 +1212,7 @@ scan:
 // prune forgets cached outcomes and check counts below progress.
 func (t *transactions) prune(progress int64) {
 	t.mu.Lock()
-	for off := range t.mu.ended {
-		if off < progress {
-			delete(t.mu.ended, off)
-		}
-	}
+	t.pruneEndedLocked(progress)
 	t.mu.Unlock()
 	var stale [][]byte
 	err := t.b.store.ScanMeta([]byte(metaTxChecks), func(k, _ []byte) bool {
@@ -1273,7 +1384,7 @@ func (t *transactions) discard(ctx context.Context, m *protocol.MessageExt, coun
 	}
 	t.discarded.Add(1)
 	t.markEnded(m.QueueOffset, txDiscarded)
-	t.forgetHalf(m.CommitLogOffset)
+	t.forgetHalf(m.QueueOffset, m.CommitLogOffset)
 	t.log.Warn("broker: transactional half message discarded after the max check count",
 		"halfOffset", m.QueueOffset, "uniqKey", m.UniqKey(), "checks", count, "topic", topicTransCheckMax)
 	return nil

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -157,7 +158,9 @@ func TestBrokerTransactionCommit(t *testing.T) {
 		t.Fatalf("final messages under the commit key: %d (%v)", len(recs), err)
 	}
 	b.tx.mu.Lock()
-	delete(b.tx.mu.ended, h.queueOffset)
+	if i := h.queueOffset - b.tx.mu.endedBase; i >= 0 && i < int64(len(b.tx.mu.ended)) {
+		b.tx.mu.ended[i] = txPending
+	}
 	b.tx.mu.pendingFrom = math.MaxInt64 // outcome unknown in memory
 	b.tx.mu.Unlock()
 	if st, err := b.tx.state(hm); err != nil || st != txCommitted {
@@ -641,6 +644,20 @@ func TestBrokerTransactionDelayedCommit(t *testing.T) {
 	if n := len(subMessages(t, b, topicSchedule, 1)); n != 1 {
 		t.Fatalf("repeated commit scheduled again (%d)", n)
 	}
+	// The outcome is found through the store as well (after a restart, or
+	// once the checker's progress passed it): the final message went to
+	// the schedule topic, so an op record, not the real topic's commit
+	// key, must record it.
+	b.tx.mu.Lock()
+	if i := h.queueOffset - b.tx.mu.endedBase; i >= 0 && i < int64(len(b.tx.mu.ended)) {
+		b.tx.mu.ended[i] = txPending
+	}
+	b.tx.mu.pendingFrom = math.MaxInt64 // outcome unknown in memory
+	b.tx.mu.Unlock()
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if n := len(subMessages(t, b, topicSchedule, 1)); n != 1 {
+		t.Fatalf("commit repeated after the outcome left memory scheduled again (%d)", n)
+	}
 	clk.advance(6 * time.Second)
 	subEventually(t, 5*time.Second, func() error {
 		if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
@@ -768,10 +785,10 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 	kept := txSend(t, c, "txpg", "TxTopic", 1, "kept", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
 	read := txSend(t, c, "txpg", "TxTopic", 1, "read", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
 	beforeRestart := txSend(t, c, "txpg", "TxTopic", 1, "restart", protocol.PropKeys, "k1", protocol.PropDelayLevel, "0")
-	if _, ok := b.tx.cachedHalf(kept.phys); !ok {
+	if _, ok := b.tx.cachedHalf(kept.queueOffset, kept.phys); !ok {
 		t.Fatal("a half message this process stored is not kept")
 	}
-	if rec, _ := b.tx.cachedHalf(kept.phys); len(rec) == 0 {
+	if rec, _ := b.tx.cachedHalf(kept.queueOffset, kept.phys); len(rec) == 0 {
 		t.Fatal("empty kept record")
 	}
 	subEventually(t, 5*time.Second, func() error {
@@ -782,7 +799,7 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 		}
 		return nil
 	})
-	b.tx.forgetHalf(read.phys) // as if the cache had been full
+	b.tx.forgetHalf(read.queueOffset, read.phys) // as if the cache had been full
 	mustEnd(t, c, "txpg", kept, protocol.SysFlagTransactionCommit)
 	if n := b.tx.inlineEnds.Load(); n != 1 {
 		t.Errorf("the end of a kept half message was not served inline (%d inline ends)", n)
@@ -791,7 +808,7 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 	if n := b.tx.inlineEnds.Load(); n != 1 {
 		t.Errorf("the end of a half message read from the store was served inline (%d inline ends)", n)
 	}
-	if _, ok := b.tx.cachedHalf(kept.phys); ok {
+	if _, ok := b.tx.cachedHalf(kept.queueOffset, kept.phys); ok {
 		t.Error("the record of a committed half message is still kept")
 	}
 	// Repeats and contradictions are answered from the outcome cache.
@@ -804,7 +821,7 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 	}
 	b = txBroker(t, dir, clk)
 	c = subDial(t, b, "producer-2")
-	if _, ok := b.tx.cachedHalf(beforeRestart.phys); ok {
+	if _, ok := b.tx.cachedHalf(beforeRestart.queueOffset, beforeRestart.phys); ok {
 		t.Fatal("a half message of an earlier process is kept")
 	}
 	// Before a restart: not kept, outcome looked up in the store.
@@ -837,3 +854,105 @@ func TestBrokerTransactionKeptHalves(t *testing.T) {
 }
 
 func uniqOf(m *protocol.MessageExt) string { return m.UniqKey() }
+
+// TestKeptHalvesWindow: kept half records are found by half queue offset
+// and physical offset only, ending them moves the window's front, and a
+// half message pending for more than halfWindowMax offsets is dropped
+// (read from the store when it ends) instead of pinning the window.
+func TestKeptHalvesWindow(t *testing.T) {
+	tx := &transactions{}
+	rec := func(off int64) []byte {
+		r := make([]byte, 64)
+		binary.BigEndian.PutUint64(r[recordQueueOffsetPos:], uint64(off))
+		return r
+	}
+	phys := func(off int64) int64 { return 1000 + 64*off }
+	for off := int64(5); off < 10; off++ {
+		tx.halfStored(rec(off), phys(off))
+	}
+	if _, ok := tx.cachedHalf(7, phys(7)); !ok {
+		t.Fatal("kept record 7 not found")
+	}
+	if _, ok := tx.cachedHalf(7, phys(8)); ok {
+		t.Fatal("kept record found under another physical offset")
+	}
+	if _, ok := tx.cachedHalf(4, phys(4)); ok {
+		t.Fatal("record never kept found")
+	}
+	tx.forgetHalf(6, phys(6))
+	tx.forgetHalf(5, phys(5))
+	if tx.halves.base != 7 || len(tx.halves.slots) != 3 || tx.halves.bytes != 3*64 {
+		t.Fatalf("window after ending its front: base %d, %d slots, %d bytes", tx.halves.base, len(tx.halves.slots), tx.halves.bytes)
+	}
+	tx.halfStored(rec(5), phys(5)) // behind the window: not kept
+	if _, ok := tx.cachedHalf(5, phys(5)); ok {
+		t.Fatal("record behind the window kept")
+	}
+	// 7 stays pending while far later half messages arrive.
+	tx.forgetHalf(8, phys(8))
+	tx.forgetHalf(9, phys(9))
+	far := int64(7 + halfWindowMax)
+	tx.halfStored(rec(far), phys(far))
+	if _, ok := tx.cachedHalf(7, phys(7)); ok {
+		t.Fatal("a half message pending past the window is still kept")
+	}
+	if _, ok := tx.cachedHalf(far, phys(far)); !ok {
+		t.Fatal("the record that moved the window is not kept")
+	}
+	if tx.halves.bytes != 64 || int64(len(tx.halves.slots)) > halfWindowMax {
+		t.Fatalf("after the move: %d bytes, %d slots", tx.halves.bytes, len(tx.halves.slots))
+	}
+	tx.forgetHalf(far, phys(far))
+	if len(tx.halves.slots) != 0 || tx.halves.bytes != 0 {
+		t.Fatalf("empty window: %d slots, %d bytes", len(tx.halves.slots), tx.halves.bytes)
+	}
+}
+
+// TestEndedWindow: cached outcomes are kept by half queue offset from
+// scanFrom on, pruned below the checker's progress, and a window that
+// would span more than maxEndedCache offsets turns the known-pending fast
+// path off instead of growing.
+func TestEndedWindow(t *testing.T) {
+	tx := &transactions{}
+	tx.mu.pendingFrom = 0
+	tx.scanFrom.Store(10)
+	tx.markEnded(5, txCommitted) // below scanFrom: not cached
+	tx.markEnded(12, txCommitted)
+	tx.markEnded(11, txRolledBack)
+	tx.markEnded(13, txDiscarded)
+	for off, want := range map[int64]txState{5: txPending, 10: txPending, 11: txRolledBack, 12: txCommitted, 13: txDiscarded, 14: txPending} {
+		if st, known := tx.knownState(off); off >= 10 && (!known || st != want) {
+			t.Errorf("offset %d: %v known %v, want %v", off, st, known, want)
+		}
+	}
+	if st, known := tx.knownState(5); known {
+		t.Errorf("offset 5 below scanFrom known as %v", st)
+	}
+	if n := tx.endedRun(10, 20); n != 0 {
+		t.Errorf("ended run from 10 (pending): %d", n)
+	}
+	if n := tx.endedRun(11, 20); n != 3 {
+		t.Errorf("ended run from 11: %d, want 3", n)
+	}
+	tx.scanFrom.Store(12) // the checker's progress, then its prune
+	tx.mu.Lock()
+	tx.pruneEndedLocked(12)
+	base, n := tx.mu.endedBase, len(tx.mu.ended)
+	tx.mu.Unlock()
+	if base != 12 || n != 2 {
+		t.Fatalf("after the prune to 12: base %d, %d offsets", base, n)
+	}
+	if st, known := tx.knownState(13); !known || st != txDiscarded {
+		t.Errorf("offset 13 after the prune: %v known %v", st, known)
+	}
+	tx.markEnded(12+maxEndedCache, txCommitted) // too far from scanFrom
+	if st, known := tx.knownState(12 + maxEndedCache); known {
+		t.Errorf("an outcome past the window is known (%v)", st)
+	}
+	if st, known := tx.knownState(14); known {
+		t.Errorf("pending still assumed after the window overflowed (%v)", st)
+	}
+	if st, known := tx.knownState(13); !known || st != txDiscarded {
+		t.Errorf("offset 13 after the overflow: %v known %v", st, known)
+	}
+}
