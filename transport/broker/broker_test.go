@@ -265,8 +265,10 @@ func TestBrokerPullStatus(t *testing.T) {
 	}
 }
 
-// TestBrokerLongPolling: a parked pull is answered within milliseconds of a
-// send to its queue, and with PULL_NOT_FOUND at its suspend timeout.
+// TestBrokerLongPolling: a parked pull is answered as soon as a send to its
+// queue is acknowledged (milliseconds on an idle machine; the bound is 1 s
+// for a loaded one, against a 20 s suspension), and with PULL_NOT_FOUND at
+// its suspend timeout.
 func TestBrokerLongPolling(t *testing.T) {
 	b := startBroker(t)
 	c := dial(t, b.Addr())
@@ -293,6 +295,7 @@ func TestBrokerLongPolling(t *testing.T) {
 	waitFor(t, 5*time.Second, "the pull to park", func() bool { return b.lp.count.Load() == 1 })
 	sentAt := time.Now()
 	send(t, c, topic, 2, []byte("second"), "")
+	sendDone := time.Now()
 	var o outcome
 	select {
 	case o = <-ch:
@@ -302,10 +305,13 @@ func TestBrokerLongPolling(t *testing.T) {
 	if o.err != nil {
 		t.Fatal(o.err)
 	}
+	// The send's own time (an fsync, slow on a loaded machine) is not the
+	// wake-up's: the bound counts from its answer. A pull the store's
+	// notify hook failed to wake would be answered at its 20 s timeout.
 	lat := o.at.Sub(sentAt)
-	t.Logf("parked pull answered %v after the send started", lat)
-	if lat > 200*time.Millisecond {
-		t.Fatalf("parked pull answered %v after the send, want < 200ms", lat)
+	t.Logf("parked pull answered %v after the send started (the send took %v)", lat, sendDone.Sub(sentAt))
+	if after := o.at.Sub(sendDone); after > time.Second {
+		t.Fatalf("parked pull answered %v after the send was acknowledged, want < 1s (suspended for 20s)", after)
 	}
 	r := decodePull(t, o.resp)
 	if r.code != protocol.ResSuccess || len(r.msgs) != 1 || string(r.msgs[0].Body) != "second" || r.h.NextBeginOffset != 2 {
