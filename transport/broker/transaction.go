@@ -226,12 +226,15 @@ type transactions struct {
 	// and mostly ended in it, so the window is short and its accesses are
 	// neighbours (a map keyed by physical offset was a cache miss per
 	// access).
-	halves struct {
-		sync.Mutex
-		base  int64
-		slots []keptHalf
-		bytes int
-	}
+	halves halfWindow
+}
+
+// halfWindow is transactions.halves.
+type halfWindow struct {
+	sync.Mutex
+	base  int64
+	slots []keptHalf
+	bytes int
 }
 
 // keptHalf is the kept record of the half message at physical offset
@@ -305,8 +308,18 @@ func (t *transactions) dropHalvesBelowLocked(off int64) {
 		h.bytes -= len(h.slots[i].rec)
 		h.slots[i] = keptHalf{}
 	}
-	h.slots = h.slots[n:]
+	h.trimLocked(n)
 	h.base = off
+}
+
+// trimLocked drops the window's first n slots (cleared). An emptied
+// window keeps its array for the next half messages.
+func (h *halfWindow) trimLocked(n int) {
+	if n == len(h.slots) {
+		h.slots = h.slots[:0]
+	} else {
+		h.slots = h.slots[n:]
+	}
 }
 
 // cachedHalf returns the kept record of the half message at half queue
@@ -343,7 +356,7 @@ func (t *transactions) forgetHalf(off, phys int64) {
 	for n < len(h.slots) && h.slots[n].rec == nil {
 		n++
 	}
-	h.slots = h.slots[n:]
+	h.trimLocked(n)
 	h.base += int64(n)
 }
 
