@@ -26,7 +26,10 @@
 // Sends are refused with SERVICE_NOT_AVAILABLE while the data dir's disk is
 // above WithDiskHighWatermark ("[DISK_FULL]", resuming by itself) and after
 // the store failed a write or fsync ("[STORE_FAILED]", fail-stop until a
-// restart). The client registry, queue locks,
+// restart; a failed fsync is never retried). A WAL failure while Pebble
+// switches to a new WAL file (once per memtable) ends the process instead,
+// as Pebble panics there; a restart finds every acknowledged message. The
+// client registry, queue locks,
 // retry/DLQ, delay levels, timers and reply push are plugged in through the
 // extensions seam (subsystems.go). Transactional messages (half messages,
 // END_TRANSACTION 37, CHECK_TRANSACTION_STATE 39 check-back, discard to
