@@ -21,6 +21,7 @@ import (
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
+	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
@@ -49,6 +50,10 @@ type brokerFlags struct {
 	maxConns      int
 	maxConnsPerIP int
 	firstFrame    time.Duration
+	idleTimeout   time.Duration
+	maxQueued     int64
+	maxFrame      int
+	maxMsgSize    int
 	diskHighWater float64
 	maxBatchMsgs  int
 	maxBatchBytes int
@@ -86,8 +91,11 @@ certificate of --tls-cert (and presenting it as client certificate when
 
 Limits. --max-conns and --max-conns-per-ip cap the connections of each port
 (0 = no cap); --first-frame-timeout closes a connection that sends no complete
-request in time. Each refused or closed connection is counted and logged at
-most once per 10 s per kind of limit. --disk-high-watermark refuses sends
+request in time, --idle-timeout one that sends nothing for that long,
+--max-queued-bytes one whose unread responses pile up (a client that never
+reads), --max-frame-size one that sends a larger frame; --max-message-size
+bounds a message body. Each refused or closed connection is counted and logged
+at most once per 10 s per kind of limit. --disk-high-watermark refuses sends
 (SERVICE_NOT_AVAILABLE "[DISK_FULL]…") while the data directory's file system
 is used above that fraction, and accepts them again by itself once space is
 freed; a failed disk write or fsync stops the broker's writes until it is
@@ -122,6 +130,10 @@ restarted. --max-batch-messages and --max-batch-bytes bound one batch send.`,
 	fl.IntVar(&f.maxConns, "max-conns", remoting.DefaultMaxConns, "most connections open at once on each port (0 = no cap)")
 	fl.IntVar(&f.maxConnsPerIP, "max-conns-per-ip", remoting.DefaultMaxConnsPerIP, "most connections open at once from one IP address on each port (0 = no cap)")
 	fl.DurationVar(&f.firstFrame, "first-frame-timeout", remoting.DefaultFirstFrameTimeout, "close a connection that sends no complete request this long after connecting (0 = never)")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", remoting.DefaultIdleTimeout, "close a connection that sends nothing for this long (0 = never)")
+	fl.Int64Var(&f.maxQueued, "max-queued-bytes", remoting.DefaultMaxQueuedBytes, "close a connection whose responses not yet written to its socket exceed this many bytes (0 = no bound)")
+	fl.IntVar(&f.maxFrame, "max-frame-size", protocol.DefaultMaxFrameSize, "largest request frame in bytes; a larger one closes the connection")
+	fl.IntVar(&f.maxMsgSize, "max-message-size", broker.DefaultMaxMessageSize, "largest message body in bytes; larger sends are refused")
 	fl.Float64Var(&f.diskHighWater, "disk-high-watermark", broker.DefaultDiskHighWatermark, "refuse sends while the data directory's file system is used above this fraction, in (0, 1]; 1 turns the check off")
 	fl.IntVar(&f.maxBatchMsgs, "max-batch-messages", broker.DefaultMaxBatchMessages, "most messages in one batch send")
 	fl.IntVar(&f.maxBatchBytes, "max-batch-bytes", broker.DefaultMaxBatchBytes, "largest body of one batch send, in bytes")
@@ -158,6 +170,12 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 		return 0, 0, fmt.Errorf("--max-conns-per-ip %d: must be 0 (no cap) or positive", f.maxConnsPerIP)
 	case f.firstFrame < 0:
 		return 0, 0, fmt.Errorf("--first-frame-timeout %v: must be 0 (never) or positive", f.firstFrame)
+	case f.idleTimeout < 0:
+		return 0, 0, fmt.Errorf("--idle-timeout %v: must be 0 (never) or positive", f.idleTimeout)
+	case f.maxQueued < 0:
+		return 0, 0, fmt.Errorf("--max-queued-bytes %d: must be 0 (no bound) or positive", f.maxQueued)
+	case f.maxFrame < 64 || f.maxFrame > 1<<30:
+		return 0, 0, fmt.Errorf("--max-frame-size %d: must be in [64, 1073741824]", f.maxFrame)
 	case !(f.diskHighWater > 0 && f.diskHighWater <= 1):
 		return 0, 0, fmt.Errorf("--disk-high-watermark %v: must be in (0, 1]", f.diskHighWater)
 	}
@@ -170,6 +188,9 @@ func (f *brokerFlags) limits() []remoting.ServerOption {
 		remoting.WithMaxConns(f.maxConns),
 		remoting.WithMaxConnsPerIP(f.maxConnsPerIP),
 		remoting.WithFirstFrameTimeout(f.firstFrame),
+		remoting.WithIdleTimeout(f.idleTimeout),
+		remoting.WithMaxQueuedBytes(f.maxQueued),
+		remoting.WithMaxFrameSize(f.maxFrame),
 	}
 }
 
@@ -403,6 +424,7 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 			broker.WithRemotingOptions(f.limits()...),
 			broker.WithDiskHighWatermark(f.diskHighWater),
 			broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
+			broker.WithMaxMessageSize(f.maxMsgSize),
 		}
 		if sec.nsCreds != nil {
 			opts = append(opts, broker.WithNameServerCredentials(*sec.nsCreds))

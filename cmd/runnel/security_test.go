@@ -214,6 +214,10 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(both, "--max-conns-per-ip", "-2"), "--max-conns-per-ip -2"},
 		{append(both, "--disk-high-watermark", "1.5"), "--disk-high-watermark 1.5: must be in (0, 1]"},
 		{append(both, "--max-batch-messages", "0"), "max batch messages 0"},
+		{append(both, "--idle-timeout", "-1s"), "--idle-timeout -1s"},
+		{append(both, "--max-queued-bytes", "-1"), "--max-queued-bytes -1"},
+		{append(both, "--max-frame-size", "10"), "--max-frame-size 10"},
+		{append(both, "--max-message-size", "0"), "max message size 0"},
 		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "both a certificate file and a key file"},
 	}
 	for _, tc := range cases {
@@ -359,5 +363,74 @@ func TestBrokerACLAndTLS(t *testing.T) {
 	}
 	if strings.Contains(stderr.String(), "registration failed") || strings.Contains(stderr.String(), "unregister failed") {
 		t.Fatalf("registration problems reported:\n%s", stderr.String())
+	}
+}
+
+// TestBrokerLimitFlags: the limit flags reach the running ports: with
+// --max-message-size 1024 a 2 KiB send is refused MESSAGE_ILLEGAL (a 1 KiB
+// one is stored), and with --idle-timeout 1s a connection that sends
+// nothing more is closed by the broker.
+func TestBrokerLimitFlags(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := runnelCmd(ctx, "broker", "--listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0",
+		"--data", t.TempDir(), "--log-level", "warn", "--max-message-size", "1024", "--idle-timeout", "1s",
+		"--max-frame-size", "65536", "--max-queued-bytes", "1048576")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(stdout)
+	var brokerAddr string
+	for lines.Scan() {
+		if strings.HasPrefix(lines.Text(), "runnel: ready") {
+			for _, f := range strings.Fields(lines.Text())[2:] {
+				if v, ok := strings.CutPrefix(f, "broker="); ok {
+					brokerAddr = v
+				}
+			}
+			break
+		}
+	}
+	if brokerAddr == "" {
+		t.Fatalf("no readiness line with the broker address; stderr:\n%s", stderr.String())
+	}
+	go func() { // keep the pipe drained until the process ends
+		for lines.Scan() {
+		}
+	}()
+	conn, err := remoting.Dial(ctx, brokerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sendBody := func(n int) *protocol.Command {
+		req := protocol.NewRequest(protocol.ReqSendMessage)
+		(&protocol.SendMessageRequestHeader{ProducerGroup: "PG", Topic: "Limits", DefaultTopic: "TBW102",
+			DefaultTopicQueueNums: 4, QueueID: 0, BornTimestamp: time.Now().UnixMilli()}).Encode(req)
+		req.Body = make([]byte, n)
+		resp, err := conn.Invoke(ctx, req)
+		if err != nil {
+			t.Fatalf("send of %d bytes: %v", n, err)
+		}
+		return resp
+	}
+	if resp := sendBody(1024); resp.Code != protocol.ResSuccess {
+		t.Fatalf("1 KiB send: %d %s", resp.Code, resp.Remark)
+	}
+	if resp := sendBody(2048); resp.Code != protocol.ResMessageIllegal {
+		t.Fatalf("2 KiB send with --max-message-size 1024: %d %s, want MESSAGE_ILLEGAL", resp.Code, resp.Remark)
+	}
+	// Idle: the broker closes the connection after about a second.
+	select {
+	case <-conn.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("an idle connection was not closed with --idle-timeout 1s")
 	}
 }
