@@ -26,6 +26,14 @@
 // processing-time timers through the KeyedContext. Side outputs go to
 // OutputTags selected with SideOutput.
 //
+// A function that implements GroupTimerFunc may instead register one
+// event-time timer for a whole key group (RegisterGroupEventTimer): its
+// OnGroupTimer fires in timestamp order with the key timers (first on a
+// tie) and acts on each of its keys through KeyedContext.ForKey, under the
+// operator's retry and error policy per key. Event-time tumbling and
+// sliding windows use it to keep one timer per key group and window end
+// instead of one per key and window.
+//
 // # Bad records
 //
 // Records that fail to decode or validate (go-playground/validator struct

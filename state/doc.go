@@ -25,6 +25,11 @@
 //	Map                                  uvarint len, name | uvarint len, key | map key (codec)
 //	Timers                               uvarint len, name | domain | ts (8 BE, sign flipped) | key
 //
+// A group timer (domain GroupEventTime, Timers.RegisterGroup) belongs to
+// its key group rather than a key: its key part is empty, and its domain
+// byte keeps it apart from a key's timer even for an empty key. Windows use
+// it to keep one timer per key group and window end.
+//
 // With a TTL, values carry an 8-byte expiry (Unix ns, BE) before the codec's
 // bytes; a List is one value of uvarint-length-prefixed elements.
 //
