@@ -26,6 +26,7 @@ type instruments struct {
 	cpDuration, cpSize, cpStates    metric.Float64Histogram
 	checkpoints                     metric.Int64Counter
 	sinkCommit                      metric.Float64Histogram
+	sourceNotify                    metric.Int64Counter
 	opDuration                      metric.Float64Histogram
 	sent, consumed                  metric.Int64Counter
 
@@ -71,6 +72,9 @@ func (in *instruments) init(m metric.Meter) error {
 	add(err)
 	in.sinkCommit, err = m.Float64Histogram("runnel.sink.commit.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time a sink took to commit (or flush) for a checkpoint."))
+	add(err)
+	in.sourceNotify, err = m.Int64Counter("runnel.source.checkpoint_notifications", metric.WithUnit("{notification}"),
+		metric.WithDescription("Completed checkpoints a source split's reader was told of (offsets reported to the broker), by result (ok, failed)."))
 	add(err)
 	in.opDuration, err = m.Float64Histogram("messaging.client.operation.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of a messaging operation initiated by a producer or consumer client."),
@@ -208,6 +212,16 @@ func (t *Telemetry) OnJobEnd(e *runtime.Engine, _ error) {
 func (t *Telemetry) OnDeadLetter(job, operator, reason, policy string) {
 	t.inst.deadLettered.Add(context.Background(), 1, metric.WithAttributes(AttrJob.String(job), AttrOperator.String(operator),
 		attribute.String("runnel.reason", reason), attribute.String("runnel.policy", policy)))
+}
+
+// OnSourceNotify implements runtime.HookSourceNotify.
+func (t *Telemetry) OnSourceNotify(job, source, _ string, _ uint64, err error) {
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	t.inst.sourceNotify.Add(context.Background(), 1, metric.WithAttributes(AttrJob.String(job), AttrOperator.String(source),
+		attribute.String("runnel.result", result)))
 }
 
 // OnSinkCommit implements runtime.HookSinkCommit.

@@ -190,6 +190,11 @@ func TestMetricsPrometheus(t *testing.T) {
 	check("pull count (queue 0)", ok, v, 1, 1e9)
 	v, ok = sample(s, "messaging_client_consumed_messages_total", `messaging_destination_partition_id="1"`)
 	check("consumed (queue 1)", ok, v, n/2, n/2)
+	v, ok = sample(s, "runnel_source_checkpoint_notifications_total", `runnel_operator_uid="in"`, `runnel_result="ok"`)
+	check("source checkpoint notifications (ok)", ok, v, 2, 1e6) // every split, every completed checkpoint
+	if v, ok := sample(s, "runnel_source_checkpoint_notifications_total", `runnel_result="failed"`); ok && v != 0 {
+		t.Errorf("%v failed source checkpoint notifications", v)
+	}
 	v, ok = sample(s, "runnel_broker_send_requests_total")
 	check("broker send requests", ok, v, n/50, 1e9)
 	v, ok = sample(s, "runnel_broker_pulled_messages_total")

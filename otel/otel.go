@@ -211,5 +211,6 @@ var (
 	_ runtime.HookJobEnd          = (*Telemetry)(nil)
 	_ runtime.HookDeadLetter      = (*Telemetry)(nil)
 	_ runtime.HookSinkCommit      = (*Telemetry)(nil)
+	_ runtime.HookSourceNotify    = (*Telemetry)(nil)
 	_ runtime.HookMetricsHandler  = (*Telemetry)(nil)
 )

@@ -50,6 +50,7 @@ type runHooks struct {
 	record     []runtime.HookRecord
 	deadLetter []runtime.HookDeadLetter
 	sinkCommit []runtime.HookSinkCommit
+	notify     []runtime.HookSourceNotify
 }
 
 func newRunHooks(job string, list []runtime.Hook) *runHooks {
@@ -63,6 +64,9 @@ func newRunHooks(job string, list []runtime.Hook) *runHooks {
 		}
 		if v, ok := x.(runtime.HookSinkCommit); ok {
 			h.sinkCommit = append(h.sinkCommit, v)
+		}
+		if v, ok := x.(runtime.HookSourceNotify); ok {
+			h.notify = append(h.notify, v)
 		}
 	}
 	return h
@@ -92,6 +96,12 @@ func (h *runHooks) onDeadLetter(operator string, err error, fromSource bool, pol
 	}
 	for _, x := range h.deadLetter {
 		x.OnDeadLetter(h.job, operator, reason, policy)
+	}
+}
+
+func (h *runHooks) onSourceNotify(source, split string, id uint64, err error) {
+	for _, x := range h.notify {
+		x.OnSourceNotify(h.job, source, split, id, err)
 	}
 }
 

@@ -187,7 +187,11 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	}
 	onNote := func(n runtime.Note) error {
 		if n.Completed {
-			if err := reader.NotifyCheckpointComplete(ctx, n.ID); err != nil {
+			// Not fatal: the offsets are durable in the checkpoint; the
+			// failure is logged and counted (HookSourceNotify).
+			err := reader.NotifyCheckpointComplete(ctx, n.ID)
+			st.tr.hooks.onSourceNotify(st.tr.info.Source, st.split.ID, n.ID, err)
+			if err != nil {
 				st.log.Warn("source checkpoint notification failed", "split", st.key, "checkpoint", n.ID, "err", err)
 			}
 		}

@@ -2,8 +2,10 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
@@ -112,5 +114,84 @@ func TestStateWriteBufferSpills(t *testing.T) {
 	}
 	if len(got) != len(w) {
 		t.Fatalf("second run counted %d keys, want %d", len(got), len(w))
+	}
+}
+
+// notifyCount records the HookSourceNotify calls of a job.
+type notifyCount struct {
+	mu     sync.Mutex
+	ok     int
+	failed map[string]int // by split
+}
+
+func (c *notifyCount) OnSourceNotify(_, _, split string, _ uint64, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.ok++
+		return
+	}
+	if c.failed == nil {
+		c.failed = make(map[string]int)
+	}
+	c.failed[split]++
+}
+
+// failNotify is a Slice source whose split "1" fails every checkpoint
+// notification and whose polls are slow enough for periodic checkpoints to
+// complete while it runs.
+type failNotify struct{ *source.Slice[int64] }
+
+func (s failNotify) Open(ctx context.Context, sp source.Split, off []byte) (source.SplitReader[int64], error) {
+	r, err := s.Slice.Open(ctx, sp, off)
+	return failNotifyReader{r, sp.ID == "1"}, err
+}
+
+type failNotifyReader struct {
+	source.SplitReader[int64]
+	fail bool
+}
+
+func (r failNotifyReader) Poll(ctx context.Context, max int) ([]source.Record[int64], error) {
+	time.Sleep(time.Millisecond)
+	return r.SplitReader.Poll(ctx, min(max, 10))
+}
+
+func (r failNotifyReader) NotifyCheckpointComplete(ctx context.Context, id uint64) error {
+	if r.fail {
+		return errors.New("offset report refused")
+	}
+	return r.SplitReader.NotifyCheckpointComplete(ctx, id)
+}
+
+// TestSourceNotifyFailureCounted: a split reader whose checkpoint
+// notifications fail does not fail the job (every record arrives), and each
+// failure reaches HookSourceNotify with its split, beside the other
+// split's successful ones.
+func TestSourceNotifyFailureCounted(t *testing.T) {
+	vals := make([]int64, 2000)
+	for i := range vals {
+		vals[i] = int64(i)
+	}
+	nc, cps := &notifyCount{}, &cpCount{}
+	job := pipeline.New("notify", pipeline.CheckpointDir(t.TempDir()), pipeline.CheckpointInterval(10*time.Millisecond),
+		pipeline.Hooks(nc, cps))
+	var c collect[int64]
+	pipeline.To(pipeline.FromSource[int64](job, "src", failNotify{source.NewSlice(vals, 2)}), "sink", c.sink())
+	if err := job.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(c.all()); got != len(vals) {
+		t.Fatalf("%d records, want %d", got, len(vals))
+	}
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	cps.mu.Lock()
+	defer cps.mu.Unlock()
+	if cps.periodic == 0 {
+		t.Fatal("no periodic checkpoint completed while the job ran")
+	}
+	if nc.failed["1"] == 0 || nc.ok == 0 || len(nc.failed) != 1 {
+		t.Fatalf("notifications: %d ok, failed by split %v; want failures of split 1 only, and successes", nc.ok, nc.failed)
 	}
 }

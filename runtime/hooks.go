@@ -95,6 +95,16 @@ type HookSinkCommit interface {
 	OnSinkCommit(job, sink string, checkpointID uint64, took time.Duration, err error)
 }
 
+// HookSourceNotify is called by a source task after it told a split's
+// reader that a checkpoint completed (source.SplitReader's
+// NotifyCheckpointComplete: e.g. reporting the checkpointed offsets to the
+// broker for lag tools), with the reader's error. Such a failure does not
+// fail the job (the offsets are durable in the checkpoint already); the
+// task logs it and this hook lets it be counted.
+type HookSourceNotify interface {
+	OnSourceNotify(job, source, split string, checkpointID uint64, err error)
+}
+
 // HookDeadLetter is called by the task that rejected a record (a Skip or
 // DeadLetter policy), on that task's goroutine. reason is a short,
 // low-cardinality class: "decode" (source decoding or validation),

@@ -88,7 +88,7 @@ type SplitReader[T any] interface {
 	// NotifyCheckpointComplete tells the reader that a checkpoint including
 	// its offset up to some point is durable. It is informational (e.g.
 	// report consumer progress to a broker for lag tools); errors are logged
-	// by the runtime, not fatal.
+	// and counted by the runtime (runtime.HookSourceNotify), not fatal.
 	NotifyCheckpointComplete(ctx context.Context, checkpointID uint64) error
 	// Close releases the reader. It is called once.
 	Close() error
