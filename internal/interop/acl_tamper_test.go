@@ -16,7 +16,6 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/runnel-dev/runnel/transport/broker"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -149,36 +148,11 @@ func TestACLOfficialProducerAlteredBody(t *testing.T) {
 	px := startTamperProxy(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pol := aclInteropPolicy(t)
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(broker.WithListenAddr("127.0.0.1:0"), broker.WithAdvertisedAddr(px.addr()),
-		broker.WithDataDir(t.TempDir()), broker.WithNameServers(ns.Addr()),
-		broker.WithNameServerCredentials(aclInteropAdmin), broker.WithACL(pol),
-		broker.WithFlushMode(broker.FlushAsync))
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := startACLInteropEnv(t, false, broker.WithAdvertisedAddr(px.addr()))
 	// The proxy forwards to the broker's real port, known once it listens.
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Shutdown(ctx); err != nil {
-			t.Errorf("broker.Shutdown: %v", err)
-		}
-	})
-	real := b.Addr()
+	real := env.b.Addr()
 	px.target.Store(&real)
-	env := &aclInteropEnv{nsAddr: ns.Addr(), b: b, policy: pol}
+	pol := env.policy
 	topic := uniqueName("AclTamper")
 	env.createTopicSigned(t, topic)
 

@@ -48,7 +48,9 @@ type aclInteropEnv struct {
 	policy *acl.Policy
 }
 
-func startACLInteropEnv(tb testing.TB, namesrvACL bool) *aclInteropEnv {
+// startACLInteropEnv starts an aclInteropEnv; extra options go to the
+// broker.
+func startACLInteropEnv(tb testing.TB, namesrvACL bool, extra ...broker.Option) *aclInteropEnv {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -65,9 +67,9 @@ func startACLInteropEnv(tb testing.TB, namesrvACL bool) *aclInteropEnv {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(broker.WithListenAddr("127.0.0.1:0"), broker.WithDataDir(tb.TempDir()),
+	b, err := broker.New(append([]broker.Option{broker.WithListenAddr("127.0.0.1:0"), broker.WithDataDir(tb.TempDir()),
 		broker.WithNameServers(ns.Addr()), broker.WithNameServerCredentials(aclInteropAdmin),
-		broker.WithACL(p), broker.WithFlushMode(broker.FlushAsync))
+		broker.WithACL(p), broker.WithFlushMode(broker.FlushAsync)}, extra...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
