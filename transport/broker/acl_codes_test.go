@@ -1,12 +1,10 @@
 package broker
 
 import (
-	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/runnel-dev/runnel/internal/testutil/testcert"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -117,24 +115,7 @@ func TestBrokerACLEveryCode(t *testing.T) {
 
 	for _, useTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
-			p, err := acl.NewPolicy(aclBrokerConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			opts := []Option{WithACL(p)}
-			var clientTLS *tls.Config
-			if useTLS {
-				cert := testcert.New(t, "runnel broker test")
-				clientTLS = cert.ClientTLS()
-				opts = append(opts, WithTLS(acl.TLSEnforcing, cert.ServerTLS()))
-			}
-			b := startBroker(t, opts...)
-			c := aclDial(t, b.Addr(), clientTLS)
-			create := aclCreateTopic(aclTopic)
-			acl.Sign(create, aclAdmin)
-			if resp := invoke(t, c, create); resp.Code != protocol.ResSuccess {
-				t.Fatalf("create %s: %d %s", aclTopic, resp.Code, resp.Remark)
-			}
+			_, c, p := startACLMatrixBroker(t, useTLS)
 			cells, denials := 0, 0
 			for _, code := range codes {
 				class := aclClassOf(code)

@@ -167,6 +167,33 @@ func aclDial(t testing.TB, addr string, cfg *tls.Config) *remoting.Conn {
 	return c
 }
 
+// startACLMatrixBroker starts a broker with the ACL of aclBrokerConfig
+// (over enforcing TLS when useTLS), creates topic aclTopic as the admin,
+// so that sends and offsets can succeed, and returns it, a connection to it
+// and its policy.
+func startACLMatrixBroker(t *testing.T, useTLS bool) (*Broker, *remoting.Conn, *acl.Policy) {
+	t.Helper()
+	p, err := acl.NewPolicy(aclBrokerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []Option{WithACL(p)}
+	var clientTLS *tls.Config
+	if useTLS {
+		cert := testcert.New(t, "runnel broker test")
+		clientTLS = cert.ClientTLS()
+		opts = append(opts, WithTLS(acl.TLSEnforcing, cert.ServerTLS()))
+	}
+	b := startBroker(t, opts...)
+	c := aclDial(t, b.Addr(), clientTLS)
+	create := aclCreateTopic(aclTopic)
+	acl.Sign(create, aclAdmin)
+	if resp := invoke(t, c, create); resp.Code != protocol.ResSuccess {
+		t.Fatalf("create %s: %d %s", aclTopic, resp.Code, resp.Remark)
+	}
+	return b, c, p
+}
+
 // TestBrokerACLMatrix runs every identity against representative broker
 // request codes on a real broker with WithACL, over plain TCP and over
 // enforcing TLS: a denied request gets NO_PERMISSION with an "acl: " remark,
@@ -179,25 +206,7 @@ func TestBrokerACLMatrix(t *testing.T) {
 			name = "tls"
 		}
 		t.Run(name, func(t *testing.T) {
-			p, err := acl.NewPolicy(aclBrokerConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			opts := []Option{WithACL(p)}
-			var clientTLS *tls.Config
-			if useTLS {
-				cert := testcert.New(t, "runnel broker test")
-				clientTLS = cert.ClientTLS()
-				opts = append(opts, WithTLS(acl.TLSEnforcing, cert.ServerTLS()))
-			}
-			b := startBroker(t, opts...)
-			c := aclDial(t, b.Addr(), clientTLS)
-			// Topic T exists, so that sends and offsets can succeed.
-			req := aclCreateTopic(aclTopic)
-			acl.Sign(req, aclAdmin)
-			if resp := invoke(t, c, req); resp.Code != protocol.ResSuccess {
-				t.Fatalf("create %s: %d %s", aclTopic, resp.Code, resp.Remark)
-			}
+			b, c, p := startACLMatrixBroker(t, useTLS)
 			for _, mc := range aclBrokerCases {
 				allowed := map[string]bool{}
 				for _, id := range aclClasses[mc.class] {
