@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
@@ -118,13 +119,51 @@ func BenchmarkRocketMQ(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	keyedJob := func(job *pipeline.Job, src *srcmq.Source, seen *int64) {
+		keys := pipeline.FromSourceDecoded(job, "input", src, parse)
+		counts := pipeline.Process(pipeline.KeyBy(keys, func(k uint64) uint64 { return k }), "count",
+			func() pipeline.KeyedProcessFunc[uint64, uint64, counted] { return &countFn{} })
+		pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, counted) error { *seen++; return nil }, nil))
+	}
 	b.Run("StatelessMap", func(b *testing.B) { runMQBench(b, m, mapJob) })
-	b.Run("KeyedCount", func(b *testing.B) {
-		runMQBench(b, m, func(job *pipeline.Job, src *srcmq.Source, seen *int64) {
-			keys := pipeline.FromSourceDecoded(job, "input", src, parse)
-			counts := pipeline.Process(pipeline.KeyBy(keys, func(k uint64) uint64 { return k }), "count",
-				func() pipeline.KeyedProcessFunc[uint64, uint64, counted] { return &countFn{} })
-			pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, counted) error { *seen++; return nil }, nil))
-		})
-	})
+	b.Run("KeyedCount", func(b *testing.B) { runMQBench(b, m, keyedJob) })
+	b.Run("Paired", func(b *testing.B) { runMQPaired(b, m, mapJob, keyedJob) })
+}
+
+// runMQPaired runs, per op, the stateless job and then the keyed one over
+// the whole preloaded topic, and reports each one's records/s and CPU per
+// record and their ratios (keyed ÷ stateless). -count repeats each
+// sub-benchmark of BenchmarkRocketMQ in a row, all stateless runs before
+// the keyed ones, so a machine whose speed drifts over the run (this
+// virtual machine's does, by 10-20 % over a minute) skews the ratio of
+// those two rows; taking turns within each op cannot.
+func runMQPaired(b *testing.B, m *mqBench, stateless, keyed func(job *pipeline.Job, src *srcmq.Source, seen *int64)) {
+	b.Helper()
+	var took, cpu [2]time.Duration
+	for range b.N {
+		for i, build := range [2]func(*pipeline.Job, *srcmq.Source, *int64){stateless, keyed} {
+			b.StopTimer()
+			job := pipeline.New("bench-mq-paired", pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
+				pipeline.DefaultParallelism(2))
+			var seen int64
+			build(job, m.source(b), &seen)
+			b.StartTimer()
+			start, cpu0 := time.Now(), cputime.Process()
+			if err := job.Run(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			took[i] += time.Since(start)
+			cpu[i] += cputime.Process() - cpu0
+			if seen != mqBenchRecords {
+				b.Fatalf("sink saw %d records, want %d", seen, mqBenchRecords)
+			}
+		}
+	}
+	n := float64(b.N) * mqBenchRecords
+	b.ReportMetric(n/took[0].Seconds(), "stateless-records/s")
+	b.ReportMetric(n/took[1].Seconds(), "keyed-records/s")
+	b.ReportMetric(float64(cpu[0].Nanoseconds())/n, "stateless-cpu-ns/record")
+	b.ReportMetric(float64(cpu[1].Nanoseconds())/n, "keyed-cpu-ns/record")
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "keyed/stateless-records/s")
+	b.ReportMetric(float64(cpu[0])/float64(cpu[1]), "keyed/stateless-cpu")
 }
