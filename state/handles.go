@@ -84,16 +84,7 @@ func (h *handle) strip(key, v []byte) ([]byte, bool, error) {
 // keys calls fn with each user key that has an entry of this state in kg.
 func (h *handle) keys(kg uint16, fn func(key []byte) bool) error {
 	var keys [][]byte
-	err := h.b.scan(kg, h.prefix, func(sk, val []byte) (bool, error) {
-		rest := sk[len(h.prefix):]
-		n, w := binary.Uvarint(rest)
-		if w <= 0 || uint64(len(rest)-w) < n {
-			return false, fmt.Errorf("%w: %s: malformed state key", ErrDecode, h.name)
-		}
-		if h.cfg != nil && (len(val) < 8 || expired(val, h.cfg)) {
-			return true, nil
-		}
-		k := rest[w : w+int(n)]
+	err := h.scanEntries(kg, func(k, _ []byte) (bool, error) {
 		if len(keys) == 0 || string(keys[len(keys)-1]) != string(k) {
 			keys = append(keys, append([]byte(nil), k...))
 		}
@@ -108,6 +99,28 @@ func (h *handle) keys(kg uint16, fn func(key []byte) bool) error {
 		}
 	}
 	return nil
+}
+
+// scanEntries calls fn with the user key and the rest of the stored key
+// (what follows the user key: a Map's map key) of every entry of this
+// state in kg that has not expired, in stored-key order, until fn returns
+// false or an error. Both slices are valid only during the call.
+func (h *handle) scanEntries(kg uint16, fn func(key, rest []byte) (bool, error)) error {
+	var now int64
+	if h.cfg != nil {
+		now = h.cfg.clock().UnixNano()
+	}
+	return h.b.scan(kg, h.prefix, func(sk, val []byte) (bool, error) {
+		rest := sk[len(h.prefix):]
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || uint64(len(rest)-w) < n {
+			return false, fmt.Errorf("%w: %s: malformed state key", ErrDecode, h.name)
+		}
+		if h.cfg != nil && (len(val) < 8 || int64(binary.BigEndian.Uint64(val)) <= now) {
+			return true, nil
+		}
+		return fn(rest[w:w+int(n)], rest[w+int(n):])
+	})
 }
 
 // Value is a single value per key. Not safe for concurrent use (see Backend).

@@ -1,9 +1,6 @@
 package state
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "fmt"
 
 // GetBuffered is Get as far as memory knows: it looks at the write-back
 // layers and the cache of committed values, never the store. known false
@@ -51,24 +48,10 @@ func (m *Map[K, V]) KnownAbsent() {
 // window operator rebuilds its in-memory index of windows by end from it
 // when it starts (see its group timers).
 func (m *Map[K, V]) Entries(keyGroup uint16, fn func(key []byte, k K) (bool, error)) error {
-	h := &m.h
-	var now int64
-	if h.cfg != nil {
-		now = h.cfg.clock().UnixNano()
-	}
-	return h.b.scan(keyGroup, h.prefix, func(sk, val []byte) (bool, error) {
-		rest := sk[len(h.prefix):]
-		n, w := binary.Uvarint(rest)
-		if w <= 0 || uint64(len(rest)-w) < n {
-			return false, fmt.Errorf("%w: %s: malformed state key", ErrDecode, h.name)
-		}
-		if h.cfg != nil && (len(val) < 8 || int64(binary.BigEndian.Uint64(val)) <= now) {
-			return true, nil
-		}
-		key := rest[w : w+int(n)]
-		k, err := m.kc.Decode(rest[w+int(n):])
+	return m.h.scanEntries(keyGroup, func(key, mk []byte) (bool, error) {
+		k, err := m.kc.Decode(mk)
 		if err != nil {
-			return false, fmt.Errorf("state: %s: key: %w", h.name, err)
+			return false, fmt.Errorf("state: %s: key: %w", m.h.name, err)
 		}
 		return fn(key, k)
 	})
