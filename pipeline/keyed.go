@@ -906,12 +906,14 @@ func callKeyFn[K comparable, U any](c *KeyedContext[K, U], fn func(*KeyedContext
 }
 
 // forKey implements keyTask.
-func (kt *keyedTask[K, T, U]) forKey(k K, kg uint16, fn func(*KeyedContext[K, U]) error) error {
-	kb, err := kt.codec.Append(kt.scratch[:0], k)
-	if err != nil {
-		return fmt.Errorf("encode key: %w", err)
+func (kt *keyedTask[K, T, U]) forKey(k K, kb []byte, kg uint16, fn func(*KeyedContext[K, U]) error) error {
+	if kb == nil {
+		var err error
+		if kb, err = kt.codec.Append(kt.scratch[:0], k); err != nil {
+			return fmt.Errorf("encode key: %w", err)
+		}
+		kt.scratch = kb
 	}
-	kt.scratch = kb
 	kt.backend.SetCurrentKeyGroup(kb, kg)
 	kt.kctx.key = k
 	ctx := kt.kctx.ctx

@@ -60,14 +60,15 @@ func (c *KeyedContext[K, U]) DecodeKey(b []byte) (K, error) { return c.task.deco
 // ForKey makes k, of key group kg, the current key and calls fn, as a
 // timer of k would be called: with the operator's retries, and an error
 // handled by its error policy (the dead letter is a state.Timer of k at the
-// firing group timer's time). It returns only what fails the job. Meant
-// for OnGroupTimer.
-func (c *KeyedContext[K, U]) ForKey(k K, kg uint16, fn func(*KeyedContext[K, U]) error) error {
-	return c.task.forKey(k, kg, fn)
+// firing group timer's time). kb is k's encoding when the caller has it (as
+// CurrentKeyBytes gave it; it is only read), or nil to encode k. It returns
+// only what fails the job. Meant for OnGroupTimer.
+func (c *KeyedContext[K, U]) ForKey(k K, kb []byte, kg uint16, fn func(*KeyedContext[K, U]) error) error {
+	return c.task.forKey(k, kb, kg, fn)
 }
 
 // keyTask is what a KeyedContext asks of its keyed task.
 type keyTask[K comparable, U any] interface {
 	decodeKey(b []byte) (K, error)
-	forKey(k K, kg uint16, fn func(*KeyedContext[K, U]) error) error
+	forKey(k K, kb []byte, kg uint16, fn func(*KeyedContext[K, U]) error) error
 }

@@ -81,6 +81,9 @@ func (x *windowIndex[K]) intern(kb []byte) string {
 
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
+// unsafeBytes is s's bytes, read-only (ForKey copies what it keeps).
+func unsafeBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
 // get returns the keys of windows ending at end (nil: none).
 func (x *windowIndex[K]) get(end int64) *endKeys[K] {
 	if x.last != nil && x.lastEnd == end {
@@ -240,7 +243,7 @@ func (o *operator[K, T, OUT]) OnGroupTimer(ctx *pipeline.KeyedContext[K, Result[
 	e := ts + 1
 	o.gw = span{start: e - o.a.size, end: e}
 	for _, r := range o.idx.keys(e, kg) {
-		if err := ctx.ForKey(r.k, kg, o.fireKeyFn); err != nil {
+		if err := ctx.ForKey(r.k, unsafeBytes(r.kb), kg, o.fireKeyFn); err != nil {
 			return err
 		}
 	}
@@ -251,7 +254,7 @@ func (o *operator[K, T, OUT]) OnGroupTimer(ctx *pipeline.KeyedContext[K, Result[
 	e = ts + 1 - o.lateness
 	o.gw = span{start: e - o.a.size, end: e}
 	for _, r := range o.idx.keys(e, kg) {
-		if err := ctx.ForKey(r.k, kg, o.clearKeyFn); err != nil {
+		if err := ctx.ForKey(r.k, unsafeBytes(r.kb), kg, o.clearKeyFn); err != nil {
 			return err
 		}
 	}
