@@ -259,19 +259,15 @@ func newTransactions(b *Broker) *transactions {
 
 // ---- in-memory half messages ----
 
-// recordQueueOffsetPos is the position of QUEUEOFFSET in a stored record
-// (protocol doc §4.1).
-const recordQueueOffsetPos = 20
-
 // halfStored is called by the send path once a half message's store round
 // succeeded, with its record as stored (runs on the store's committer:
 // never blocks).
 func (t *transactions) halfStored(rec []byte, phys int64) {
 	t.prepared.Add(1)
-	if len(rec) > halfCacheMaxRecord || len(rec) < recordQueueOffsetPos+8 {
+	if len(rec) > halfCacheMaxRecord || len(rec) < protocol.RecordQueueOffsetPos+8 {
 		return
 	}
-	off := int64(binary.BigEndian.Uint64(rec[recordQueueOffsetPos:]))
+	off := int64(binary.BigEndian.Uint64(rec[protocol.RecordQueueOffsetPos:]))
 	h := &t.halves
 	h.Lock()
 	defer h.Unlock()

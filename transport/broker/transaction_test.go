@@ -863,7 +863,7 @@ func TestKeptHalvesWindow(t *testing.T) {
 	tx := &transactions{}
 	rec := func(off int64) []byte {
 		r := make([]byte, 64)
-		binary.BigEndian.PutUint64(r[recordQueueOffsetPos:], uint64(off))
+		binary.BigEndian.PutUint64(r[protocol.RecordQueueOffsetPos:], uint64(off))
 		return r
 	}
 	phys := func(off int64) int64 { return 1000 + 64*off }
