@@ -198,7 +198,14 @@ func newBrokerLike(t *testing.T, p *acl.Policy, tlsOpts []remoting.ServerOption)
 // newNamesrv starts a real name server guarded by p.
 func newNamesrv(t *testing.T, p *acl.Policy, mode acl.TLSMode, cfg *tls.Config) string {
 	t.Helper()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithACL(p), namesrv.WithTLS(mode, cfg))
+	return startNamesrv(t, namesrv.WithACL(p), namesrv.WithTLS(mode, cfg))
+}
+
+// startNamesrv starts a real name server on 127.0.0.1 with opts, closed at
+// cleanup, and returns its address.
+func startNamesrv(t *testing.T, opts ...namesrv.Option) string {
+	t.Helper()
+	ns, err := namesrv.New(append([]namesrv.Option{namesrv.WithListenAddr("127.0.0.1:0")}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,19 +396,7 @@ func contains(list []string, s string) bool {
 // codes 0-999 (those not answered REQUEST_CODE_NOT_SUPPORTED), must have a
 // row in the matrix, so that a handler added later cannot escape it.
 func TestNamesrvCasesCoverServedCodes(t *testing.T) {
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ns.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	c := dial(t, ns.Addr(), nil)
+	c := dial(t, startNamesrv(t, namesrv.WithKVConfigDir(t.TempDir())), nil)
 	inMatrix := map[int32]bool{}
 	for _, mc := range namesrvCases {
 		inMatrix[mc.code] = true
