@@ -84,8 +84,14 @@ func (l *lockedBuffer) String() string {
 // dataDir and waits for its readiness line.
 func startBrokerProc(tb testing.TB, bin, dataDir string) *brokerProc {
 	tb.Helper()
+	return startBrokerProcFlush(tb, bin, dataDir, "sync")
+}
+
+// startBrokerProcFlush is startBrokerProc with --flush flush.
+func startBrokerProcFlush(tb testing.TB, bin, dataDir, flush string) *brokerProc {
+	tb.Helper()
 	cmd := exec.Command(bin, "broker", "--listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0",
-		"--data", dataDir, "--flush", "sync", "--log-level", "warn")
+		"--data", dataDir, "--flush", flush, "--log-level", "warn")
 	p := &brokerProc{cmd: cmd, stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	stdout, err := cmd.StdoutPipe()
