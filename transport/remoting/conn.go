@@ -1244,15 +1244,7 @@ func (c *Conn) readLoop() error {
 			h.OnFrameRead(c, cmd)
 		}
 		if cmd.IsResponse() {
-			if c.deliver(cmd) && br.Buffered() == 0 {
-				// A synchronous caller was just woken and nothing more
-				// is buffered: let it run (and send its next request)
-				// before this goroutine goes back to wait for the
-				// socket, rather than after. One round trip at a time
-				// (BenchmarkRoundTripFloor impl=conn) took about a
-				// fifth less wall and CPU time so.
-				runtime.Gosched()
-			}
+			c.deliver(cmd)
 		} else {
 			c.handleRequest(cmd)
 		}
@@ -1300,9 +1292,8 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// deliver completes the pending call resp answers, or drops resp. It
-// reports whether that woke a synchronous caller.
-func (c *Conn) deliver(resp *protocol.Command) bool {
+// deliver completes the pending call resp answers, or drops resp.
+func (c *Conn) deliver(resp *protocol.Command) {
 	c.mu.Lock()
 	cl, ok := c.mu.pending[resp.Opaque]
 	var stop func() bool
@@ -1318,11 +1309,9 @@ func (c *Conn) deliver(resp *protocol.Command) bool {
 	if !ok {
 		c.dropped.Add(1)
 		c.log.Debug("remoting: dropped response with unknown opaque", "opaque", resp.Opaque, "code", resp.Code)
-		return false
+		return
 	}
-	sync := cl.cb == nil // read before complete hands cl back
 	c.complete(cl, stop, resp, nil)
-	return sync
 }
 
 // handleRequest serves req on the reader goroutine when the server's
