@@ -970,80 +970,225 @@ var errDiscardedHalf = errors.New("half message discarded")
 // endOne ends one half message with retries. It returns errDiscardedHalf
 // when the broker discarded it.
 func (s *ExactlyOnce[T]) endOne(ctx context.Context, h *client.TxHandle, commit bool) error {
-	return backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts, func(err error) bool {
-		return !errors.Is(err, errDiscardedHalf) && !errors.Is(err, ErrRolledBack) && !errors.Is(err, client.ErrClosed) && ctx.Err() == nil
-	}, func(int) error {
-		actx, cancel := s.attemptCtx(ctx)
-		defer cancel()
-		err := s.p.EndTransaction(actx, *h, commit)
-		if err == nil {
-			return nil
-		}
-		var pe *protocol.Error
-		if errors.As(err, &pe) {
-			switch {
-			case strings.Contains(pe.Remark, "ended with discard"):
-				return errDiscardedHalf
-			case commit && strings.Contains(pe.Remark, "ended with rollback"):
-				return fmt.Errorf("%w: %s: %w", ErrRolledBack, h.MsgID, err)
-			case !commit && strings.Contains(pe.Remark, "ended with commit"):
-				return fmt.Errorf("rocketmq sink: abort of committed half message %s: %w", h.MsgID, err)
-			}
-		}
-		return err
-	})
+	return s.endRetry(ctx, h, commit, s.endAttempt(ctx, h, commit))
 }
 
-// endAll ends every handle, lanes in parallel, each lane in order. When a
-// commit finds a half message discarded by the broker, again (when not nil)
-// sends its record again and commits it right there, before the lane's
-// next handle, so that records of one key stay in order; without again it
-// returns the indexes of discarded half messages (commit only).
+// endAttempt sends one END_TRANSACTION for h and classifies its error.
+func (s *ExactlyOnce[T]) endAttempt(ctx context.Context, h *client.TxHandle, commit bool) error {
+	actx, cancel := s.attemptCtx(ctx)
+	defer cancel()
+	return classifyEnd(s.p.EndTransaction(actx, *h, commit), h, commit)
+}
+
+// classifyEnd names the broker's refusals of an END_TRANSACTION of h that
+// no retry can change: errDiscardedHalf, ErrRolledBack (commit of a
+// rolled-back half message), abort of a committed one.
+func classifyEnd(err error, h *client.TxHandle, commit bool) error {
+	var pe *protocol.Error
+	if err == nil || !errors.As(err, &pe) {
+		return err
+	}
+	switch {
+	case strings.Contains(pe.Remark, "ended with discard"):
+		return errDiscardedHalf
+	case commit && strings.Contains(pe.Remark, "ended with rollback"):
+		return fmt.Errorf("%w: %s: %w", ErrRolledBack, h.MsgID, err)
+	case !commit && strings.Contains(pe.Remark, "ended with commit"):
+		return fmt.Errorf("rocketmq sink: abort of committed half message %s: %w", h.MsgID, err)
+	}
+	return err
+}
+
+// endRetry retries ending h after a first attempt that ended with err
+// (classified), with backoff, up to the configured attempts in all.
+func (s *ExactlyOnce[T]) endRetry(ctx context.Context, h *client.TxHandle, commit bool, err error) error {
+	for i := 1; i < s.cfg.attempts && err != nil; i++ {
+		if errors.Is(err, errDiscardedHalf) || errors.Is(err, ErrRolledBack) || errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
+			return err
+		}
+		if backoff.Sleep(ctx, s.cfg.retry.Delay(i-1)) != nil {
+			return err
+		}
+		err = s.endAttempt(ctx, h, commit)
+	}
+	return err
+}
+
+// endState is the outcome of an endAll, shared by its lanes.
+type endState struct {
+	cancel    context.CancelFunc
+	mu        sync.Mutex
+	firstErr  error
+	discarded []int
+}
+
+func (e *endState) failed(err error) {
+	e.mu.Lock()
+	if e.firstErr == nil {
+		e.firstErr = err
+	}
+	e.mu.Unlock()
+	e.cancel()
+}
+
+// endAnswer is an answered END_TRANSACTION of endAll's pipeline.
+type endAnswer struct {
+	lane uint32
+	err  error
+}
+
+// endQueue collects the answers of endAll's pipelined END_TRANSACTIONs
+// (connection reader goroutines) for the goroutine driving it.
+type endQueue struct {
+	mu      sync.Mutex
+	answers []endAnswer
+	wake    chan struct{} // one token: answers is not empty
+}
+
+func (q *endQueue) put(lane uint32, err error) {
+	q.mu.Lock()
+	q.answers = append(q.answers, endAnswer{lane: lane, err: err})
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// endAll ends every handle, lanes in parallel, each lane in order: one
+// END_TRANSACTION per lane is in flight at a time (pipelined on the broker
+// connection, answered on its reader goroutine), and a lane's next is sent
+// once the previous one is answered, so a broker that processes requests
+// in parallel still ends a lane in write order. A lane whose
+// END_TRANSACTION fails goes on, from that handle, on a goroutine of its
+// own that retries with backoff. When a commit finds a half message
+// discarded by the broker, again (when not nil) sends its record again and
+// commits it right there, before the lane's next handle, so that records of
+// one key stay in order; without again it returns the indexes of discarded
+// half messages (commit only).
 func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool, again func(ctx context.Context, i int) error) ([]int, error) {
 	if len(hs) == 0 {
 		return nil, nil
 	}
-	lanes := make(map[uint32][]int, s.cfg.lanes)
+	// Handles by lane, in order (a counting sort): lane l's are
+	// order[start[l]:start[l+1]]. Lanes of a decoded description may
+	// exceed the configured count (it may have changed since).
+	nl := uint32(0)
 	for i := range hs {
-		lanes[hs[i].lane] = append(lanes[hs[i].lane], i)
+		nl = max(nl, hs[i].lane+1)
 	}
+	start := make([]int32, nl+1)
+	for i := range hs {
+		start[hs[i].lane+1]++
+	}
+	for l := uint32(1); l <= nl; l++ {
+		start[l] += start[l-1]
+	}
+	next := make([]int32, nl) // per lane, the position of its next handle
+	copy(next, start[:nl])
+	order := make([]int32, len(hs))
+	for i := range hs {
+		l := hs[i].lane
+		order[next[l]] = int32(i)
+		next[l]++
+	}
+	copy(next, start[:nl])
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var (
-		wg        sync.WaitGroup
-		mu        sync.Mutex
-		firstErr  error
-		discarded []int
-	)
-	for _, idx := range lanes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range idx {
-				err := s.endOne(ctx, &hs[i].h, commit)
-				if errors.Is(err, errDiscardedHalf) && commit && again != nil {
-					err = again(ctx, i)
-				}
-				if errors.Is(err, errDiscardedHalf) && commit {
-					mu.Lock()
-					discarded = append(discarded, i)
-					mu.Unlock()
+	st := &endState{cancel: cancel}
+	q := &endQueue{wake: make(chan struct{}, 1)}
+	// The pipelined requests are not cancelled with ctx (that would cost a
+	// context.AfterFunc each): after a failure no new one is sent, and
+	// those in flight end with their answer or the request timeout.
+	rctx := context.WithoutCancel(ctx)
+	var cancels []context.CancelFunc
+	if s.cfg.sendTimeoutSet {
+		cancels = make([]context.CancelFunc, nl)
+	}
+	cbs := make([]func(error), nl)
+	inflight := 0
+	send := func(l uint32) {
+		if cbs[l] == nil {
+			cbs[l] = func(err error) { q.put(l, err) }
+		}
+		actx := rctx
+		if cancels != nil {
+			actx, cancels[l] = context.WithTimeout(rctx, s.cfg.sendTimeout)
+		}
+		inflight++
+		s.p.EndTransactionAsync(actx, hs[order[next[l]]].h, commit, cbs[l])
+	}
+	for l := range nl {
+		if start[l] < start[l+1] {
+			send(l)
+		}
+	}
+	var lanes sync.WaitGroup // lanes handed over after a failed END_TRANSACTION
+	var spare []endAnswer
+	stopped := false
+	for inflight > 0 {
+		<-q.wake
+		q.mu.Lock()
+		answers := q.answers
+		q.answers = spare[:0]
+		q.mu.Unlock()
+		for _, a := range answers {
+			inflight--
+			l := a.lane
+			if cancels != nil {
+				cancels[l]()
+			}
+			if a.err != nil {
+				rest, first := order[next[l]:start[l+1]], classifyEnd(a.err, &hs[order[next[l]]].h, commit)
+				lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, first, st) })
+				continue
+			}
+			next[l]++
+			if next[l] < start[l+1] {
+				if ctx.Err() != nil {
+					stopped = true
 					continue
 				}
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					cancel()
-					return
-				}
+				send(l)
 			}
-		}()
+		}
+		spare = answers
 	}
-	wg.Wait()
-	return discarded, firstErr
+	lanes.Wait()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if stopped && st.firstErr == nil {
+		// Lanes left unfinished by ctx's end, not by a failure.
+		st.firstErr = fmt.Errorf("rocketmq sink: ending half messages: %w", ctx.Err())
+	}
+	return st.discarded, st.firstErr
+}
+
+// endLane ends the handles idx of one lane in order, synchronously with
+// retries, the first of them after an attempt that failed with failed.
+func (s *ExactlyOnce[T]) endLane(ctx context.Context, hs []txnHandle, idx []int32, commit bool, again func(ctx context.Context, i int) error, failed error, st *endState) {
+	for k, i := range idx {
+		var err error
+		if k == 0 {
+			err = s.endRetry(ctx, &hs[i].h, commit, failed)
+		} else {
+			err = s.endOne(ctx, &hs[i].h, commit)
+		}
+		if errors.Is(err, errDiscardedHalf) && commit && again != nil {
+			err = again(ctx, int(i))
+		}
+		if errors.Is(err, errDiscardedHalf) && commit {
+			st.mu.Lock()
+			st.discarded = append(st.discarded, int(i))
+			st.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			st.failed(err)
+			return
+		}
+	}
 }
 
 // errDiscardedNoCopy is the error of a commit that found half messages

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -164,8 +165,58 @@ func (p *Producer) announce(ctx context.Context, topic string) {
 // a SYSTEM_ERROR reply). A broker without transaction support yields an
 // error wrapping ErrTxUnsupported.
 func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) error {
+	addr, req, err := p.endRequest(ctx, &h, commit)
+	if err != nil {
+		return err
+	}
+	defer p.putCmd(req)
+	resp, err := p.c.invoke(ctx, addr, req)
+	return endResult(resp, err, addr, h.MsgID)
+}
+
+// EndTransactionAsync ends the transaction of h like EndTransaction,
+// without waiting for the broker: cb is called exactly once, with nil or
+// the error EndTransaction would have returned, so that many transactions
+// can be ended over one connection at once. It blocks only to resolve the
+// route and connect and to wait for room on the connection (bounded by
+// ctx); ctx also bounds the wait for the answer (without a deadline, the
+// client's request timeout). There is no retry. cb runs on the
+// connection's reader goroutine (or on the caller's when the request
+// fails before it is sent) and must not block; it must not call
+// Client.Close. Requests to one broker are written in call order, but a
+// broker may process them in any order: end the next transaction that
+// must follow this one only after cb.
+func (p *Producer) EndTransactionAsync(ctx context.Context, h TxHandle, commit bool, cb func(error)) {
+	addr, req, err := p.endRequest(ctx, &h, commit)
+	if err != nil {
+		cb(err)
+		return
+	}
+	defer p.putCmd(req)
+	cn, err := p.c.conn(ctx, addr)
+	if err != nil {
+		cb(endResult(nil, err, addr, h.MsgID))
+		return
+	}
+	var timeout time.Duration
+	if _, ok := ctx.Deadline(); !ok {
+		timeout = p.c.cfg.requestTimeout
+	}
+	p.c.sign(req)
+	msgID := h.MsgID
+	cn.InvokeAsyncTimeout(ctx, req, timeout, func(resp *protocol.Command, err error) {
+		if err != nil {
+			err = &sentError{addr: addr, err: err}
+		}
+		cb(endResult(resp, err, addr, msgID))
+	})
+}
+
+// endRequest returns the END_TRANSACTION request ending h (a pooled
+// command: putCmd it once sent) and the address it goes to.
+func (p *Producer) endRequest(ctx context.Context, h *TxHandle, commit bool) (string, *protocol.Command, error) {
 	if p.closed.Load() {
-		return ErrClosed
+		return "", nil, ErrClosed
 	}
 	addr := h.BrokerAddr
 	if r, err := p.c.Route(ctx, h.Topic); err == nil {
@@ -174,7 +225,7 @@ func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) 
 		}
 	}
 	if addr == "" {
-		return fmt.Errorf("%w: no address for broker %q", ErrNoRoute, h.BrokerName)
+		return "", nil, fmt.Errorf("%w: no address for broker %q", ErrNoRoute, h.BrokerName)
 	}
 	group := h.ProducerGroup
 	if group == "" {
@@ -185,11 +236,10 @@ func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) 
 		typ = protocol.SysFlagTransactionCommit
 	}
 	// A pooled command, as the send path uses: its ext fields' storage is
-	// reused (invoke has encoded the request once it returns).
+	// reused (the request is encoded once it has been handed over).
 	req := p.cmds.Get().(*protocol.Command)
 	req.Code = protocol.ReqEndTransaction
 	req.Flag, req.Opaque, req.Remark = 0, 0, ""
-	defer p.putCmd(req)
 	eh := protocol.EndTransactionRequestHeader{
 		Topic:                h.Topic,
 		ProducerGroup:        group,
@@ -202,15 +252,20 @@ func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) 
 		BrokerName:           h.BrokerName,
 	}
 	eh.Encode(req)
-	resp, err := p.c.invoke(ctx, addr, req)
+	return addr, req, nil
+}
+
+// endResult turns the outcome of an END_TRANSACTION to addr into
+// EndTransaction's error.
+func endResult(resp *protocol.Command, err error, addr, msgID string) error {
 	if err != nil {
-		return fmt.Errorf("client: end transaction %s: %w", h.MsgID, err)
+		return fmt.Errorf("client: end transaction %s: %w", msgID, err)
 	}
 	if err := protocol.ResponseError(resp); err != nil {
 		if errors.Is(err, protocol.ErrRequestCodeNotSupported) {
 			return fmt.Errorf("%w: %s: %w", ErrTxUnsupported, addr, err)
 		}
-		return fmt.Errorf("client: end transaction %s on %s: %w", h.MsgID, addr, err)
+		return fmt.Errorf("client: end transaction %s on %s: %w", msgID, addr, err)
 	}
 	return nil
 }

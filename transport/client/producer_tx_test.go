@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -150,6 +151,42 @@ func TestProducerTransactionCheckBack(t *testing.T) {
 	if end.CommitOrRollback != protocol.SysFlagTransactionCommit || end.FromTransactionCheck.V || end.TranStateTableOffset != 7 ||
 		end.CommitLogOffset != 0x1234 || end.MsgID != h.MsgID || end.TransactionID != h.TransactionID || end.BrokerName != "tx-broker" {
 		t.Fatalf("end transaction %+v", end)
+	}
+
+	// The asynchronous form sends the same request and reports the
+	// broker's answer through its callback, once.
+	answered := make(chan error, 2)
+	p.EndTransactionAsync(ctx, restored, false, func(err error) { answered <- err })
+	select {
+	case end = <-tb.ends:
+	case <-ctx.Done():
+		t.Fatal("no asynchronous END_TRANSACTION reached the broker")
+	}
+	if end.CommitOrRollback != protocol.SysFlagTransactionRollback || end.FromTransactionCheck.V || end.TranStateTableOffset != 7 ||
+		end.CommitLogOffset != 0x1234 || end.MsgID != h.MsgID || end.TransactionID != h.TransactionID || end.BrokerName != "tx-broker" {
+		t.Fatalf("asynchronous end transaction %+v", end)
+	}
+	wait := func() error {
+		select {
+		case err := <-answered:
+			return err
+		case <-ctx.Done():
+			t.Fatal("no callback")
+			return nil
+		}
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("asynchronous end transaction: %v", err)
+	}
+	// A handle naming no reachable broker fails through the callback.
+	p.EndTransactionAsync(ctx, TxHandle{Topic: "TxT", BrokerName: "nowhere", MsgID: h.MsgID}, true, func(err error) { answered <- err })
+	if err := wait(); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("asynchronous end transaction without an address: %v", err)
+	}
+	select {
+	case err := <-answered:
+		t.Fatalf("callback called twice (%v)", err)
+	default:
 	}
 	select {
 	case id := <-checked:
