@@ -57,6 +57,8 @@ type brokerFlags struct {
 	diskHighWater float64
 	maxBatchMsgs  int
 	maxBatchBytes int
+	maxSuspend    time.Duration
+	maxParked     int
 }
 
 func newBrokerCmd() *cobra.Command {
@@ -99,7 +101,10 @@ at most once per 10 s per kind of limit. --disk-high-watermark refuses sends
 (SERVICE_NOT_AVAILABLE "[DISK_FULL]…") while the data directory's file system
 is used above that fraction, and accepts them again by itself once space is
 freed; a failed disk write or fsync stops the broker's writes until it is
-restarted. --max-batch-messages and --max-batch-bytes bound one batch send.`,
+restarted. --max-batch-messages and --max-batch-bytes bound one batch send.
+--max-suspend caps how long a pull waiting for messages is held (long
+polling) and --max-parked-pulls how many are held at once; a pull beyond that
+is answered SYSTEM_BUSY at once, and the client backs off.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBroker(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -137,6 +142,8 @@ restarted. --max-batch-messages and --max-batch-bytes bound one batch send.`,
 	fl.Float64Var(&f.diskHighWater, "disk-high-watermark", broker.DefaultDiskHighWatermark, "refuse sends while the data directory's file system is used above this fraction, in (0, 1]; 1 turns the check off")
 	fl.IntVar(&f.maxBatchMsgs, "max-batch-messages", broker.DefaultMaxBatchMessages, "most messages in one batch send")
 	fl.IntVar(&f.maxBatchBytes, "max-batch-bytes", broker.DefaultMaxBatchBytes, "largest body of one batch send, in bytes")
+	fl.DurationVar(&f.maxSuspend, "max-suspend", broker.DefaultMaxSuspend, "longest a pull waiting for messages is held, below the clients' 30s timeout (0 = answer at once)")
+	fl.IntVar(&f.maxParked, "max-parked-pulls", broker.DefaultMaxParkedPulls, "most pulls held waiting for messages at once; one beyond is answered SYSTEM_BUSY (0 = hold none: answer at once)")
 	return cmd
 }
 
@@ -424,6 +431,7 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 			broker.WithRemotingOptions(f.limits()...),
 			broker.WithDiskHighWatermark(f.diskHighWater),
 			broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
+			broker.WithLongPolling(f.maxSuspend, f.maxParked),
 			broker.WithMaxMessageSize(f.maxMsgSize),
 		}
 		if sec.nsCreds != nil {

@@ -218,6 +218,8 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(both, "--max-queued-bytes", "-1"), "--max-queued-bytes -1"},
 		{append(both, "--max-frame-size", "10"), "--max-frame-size 10"},
 		{append(both, "--max-message-size", "0"), "max message size 0"},
+		{append(both, "--max-suspend", "30s"), "max suspend 30s outside [0, 30s)"},
+		{append(both, "--max-parked-pulls", "-1"), "max parked pulls -1"},
 		{[]string{"broker", "--no-namesrv", "--namesrv", "127.0.0.1:9", "--tls-mode", "permissive"}, "both a certificate file and a key file"},
 	}
 	for _, tc := range cases {
