@@ -308,7 +308,7 @@ func (b *Broker) start(ctx context.Context) error {
 	if err := b.createSystemTopics(); err != nil {
 		return err
 	}
-	var lc net.ListenConfig
+	lc := b.srv.ListenConfig()
 	l, err := lc.Listen(ctx, "tcp", b.cfg.listenAddr)
 	if err != nil {
 		return fmt.Errorf("broker: listen %s: %w", b.cfg.listenAddr, err)
