@@ -118,8 +118,9 @@ const (
 
 // Defaults of the exactly-once sink.
 const (
-	// DefaultCommitLanes is the number of lanes committed in parallel.
-	DefaultCommitLanes = 256
+	// DefaultCommitLanes is the number of lanes committed in parallel: at
+	// most one END_TRANSACTION per lane is in flight.
+	DefaultCommitLanes = 1024
 	// DefaultTxMaxInFlight bounds unacknowledged half sends.
 	DefaultTxMaxInFlight = 1024
 	// DefaultTxAttempts is how many times a half send or END_TRANSACTION is
