@@ -389,13 +389,20 @@ func (b *Broker) prepareOne(ctx context.Context, rc *remoting.RequestCtx, p *pen
 	if err != nil {
 		return errorResponse(req, err), nil
 	}
+	var keys []string
+	if !half {
+		// A half message gets no key index entries: nothing looks it up by
+		// key (see "Key index" in transaction.go); its committed message
+		// is indexed in the real topic.
+		keys = appendIndexKeys(p.keys[:0], p.m.Properties)
+	}
 	p.msgs[0] = store.PutMessage{
 		Topic:             p.m.Topic,
 		QueueID:           p.m.QueueID,
 		Record:            rec,
 		StoreTimestampPos: tsPos,
 		TagsCode:          tagsCode(p.m.Properties),
-		Keys:              appendIndexKeys(p.keys[:0], p.m.Properties),
+		Keys:              keys,
 	}
 	rc.Defer() // before the Put: PutAsyncInline answers before it returns
 	put := b.store.PutAsync

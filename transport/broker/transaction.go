@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,19 +46,34 @@ import (
 // repeated END_TRANSACTION is answered success without storing again.
 //
 // A commit served inline (the common case, see Fast paths) whose final
-// message stays in the real topic (not delayed) writes no op record: its
-// final message, in the real topic, is also indexed under
-// commitKey(h), a key no KEYS value can be (it holds a space), so the final
-// message is its own op record, written in the same store round by
-// construction (one record and three index entries fewer per commit). The
-// outcome lookup tries the op record, then that key (a record found there
-// counts only if it is a committed message whose preparedTransactionOffset
-// is the half message's physical offset). Both forms are read, so stores
-// written before the compact form, and commits that took the store path,
-// are read alike. A final message already carrying the maximum number of
-// index keys gets an op record as before. One edge differs: deleting the
-// real topic deletes the key with the final message, so a repeated commit
-// after that finds the half message pending again.
+// message stays in the real topic (not delayed) writes no op record: the
+// final message, in the real topic, is its own op record, written in the
+// same store round by construction (one record and three index entries
+// fewer per commit). It is found by the UNIQ_KEY it shares with its half
+// message, which the key index holds for QUERY_MESSAGE anyway: the outcome
+// lookup tries the op record, then the real topic's records under that
+// UNIQ_KEY stored since the half message (store times never decrease), then
+// under commitKey(h), a key no KEYS value can be (it holds a space). A
+// record found either way counts only if it is a committed message whose
+// preparedTransactionOffset is the half message's physical offset. The
+// final message is indexed under commitKey only when its UNIQ_KEY is not
+// indexed (too long, or pushed out by the maximum number of index keys);
+// stores written before the UNIQ_KEY form indexed every compact commit
+// under commitKey, and commits that took the store path have op records:
+// all are read alike. A final message with neither room for commitKey nor
+// its UNIQ_KEY indexed gets an op record as before. One edge differs:
+// deleting the real topic deletes the key with the final message, so a
+// repeated commit after that finds the half message pending again.
+//
+// # Key index
+//
+// Half messages get no key index entries (two fewer keys per half
+// message): the outcome lookup reads the op topic's and the real topic's
+// keys, END_TRANSACTION and the checker find a half message by its
+// physical offset or by scanning the half queue, and QUERY_MESSAGE finds
+// the committed message in the real topic. A QUERY_MESSAGE on the half
+// topic itself (Java indexes it) finds nothing; VIEW_MESSAGE_BY_ID on a
+// half message's offset message id still works.
 //
 // # Check-back
 //
@@ -541,14 +557,32 @@ func (t *transactions) state(half *protocol.MessageExt) (txState, error) {
 	if err != nil {
 		return txPending, nil // never committed: a commit needs the real topic
 	}
+	// A committed message of this half message: same physical offset in
+	// preparedTransactionOffset, commit bits.
+	committed := false
+	isFinal := func(rec []byte) bool {
+		m, _, err := protocol.DecodeRecord(rec)
+		committed = err == nil && m.PreparedTransactionOffset == half.CommitLogOffset &&
+			protocol.TransactionType(m.SysFlag) == protocol.SysFlagTransactionCommit
+		return !committed
+	}
+	if uniq := half.UniqKey(); uniq != "" && len(uniq) <= store.MaxNameLen {
+		// Every record under the key (no cap: a UNIQ_KEY reused by a
+		// client must not hide the commit), from the half message's
+		// store time on.
+		if err := t.b.store.ScanKey(topic, uniq, half.StoreTimestamp, isFinal); err != nil {
+			return txPending, fmt.Errorf("broker: committed message of half message %d in %s: %w", off, topic, err)
+		}
+		if committed {
+			return txCommitted, nil
+		}
+	}
 	recs, err = t.b.store.QueryByKey(topic, commitKey(off), store.MaxQueryNum, 0, math.MaxInt64)
 	if err != nil {
 		return txPending, fmt.Errorf("broker: committed message of half message %d in %s: %w", off, topic, err)
 	}
 	for _, rec := range recs {
-		m, _, err := protocol.DecodeRecord(rec)
-		if err == nil && m.PreparedTransactionOffset == half.CommitLogOffset &&
-			protocol.TransactionType(m.SysFlag) == protocol.SysFlagTransactionCommit {
+		if !isFinal(rec) {
 			return txCommitted, nil
 		}
 	}
@@ -861,7 +895,8 @@ func (pe *pendingEnd) release() {
 }
 
 // put encodes msgs and hands them to the store's committer as one atomic
-// round. With commit, msgs is the final message alone: it is indexed under
+// round. With commit, msgs is the final message alone: its UNIQ_KEY index
+// entry marks the commit; when that is not indexed, it is indexed under
 // commitKey as well, or, when it has no room for another index key, an op
 // record is stored with it. On error nothing was queued (done will not
 // run).
@@ -870,10 +905,13 @@ func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bo
 	var finalKeys []string // the final message's keys, commitKey included
 	if commit {
 		finalKeys = appendIndexKeys(pe.keys[0][:0], msgs[0].Properties)
-		if len(finalKeys) < store.MaxKeysPerMessage {
-			finalKeys = append(finalKeys, commitKey(pe.half.QueueOffset))
-		} else {
-			msgs = append(msgs[:1:1], pe.t.opRecord(pe.half.QueueOffset, txCommitted))
+		// state finds the final message by its UNIQ_KEY when it is indexed.
+		if uniq := pe.half.UniqKey(); uniq == "" || !slices.Contains(finalKeys, uniq) {
+			if len(finalKeys) < store.MaxKeysPerMessage {
+				finalKeys = append(finalKeys, commitKey(pe.half.QueueOffset))
+			} else {
+				msgs = append(msgs[:1:1], pe.t.opRecord(pe.half.QueueOffset, txCommitted))
+			}
 		}
 	}
 	pe.buf = b.getBuf()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/testutil/cputime"
 	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -147,15 +148,25 @@ func TestBrokerTransactionCommit(t *testing.T) {
 	if st := b.TransactionStats(); st.Prepared != 1 || st.Committed != 1 || st.RolledBack != 0 {
 		t.Errorf("stats %+v", st)
 	}
-	// The inline commit wrote no op record: the final message is indexed
-	// under the commit key, and the outcome lookup through the store (the
-	// path after a restart) finds it there.
+	// The inline commit wrote no op record and no commit key: the final
+	// message is found by its UNIQ_KEY, and the outcome lookup through the
+	// store (the path after a restart) finds it there.
 	if ops := subMessages(t, b, topicTransOpHalf, 0); len(ops) != 0 {
 		t.Fatalf("op records %q after an inline commit", bodies(ops))
 	}
 	recs, err := b.store.QueryByKey("TxTopic", commitKey(h.queueOffset), 4, 0, math.MaxInt64)
-	if err != nil || len(recs) != 1 {
-		t.Fatalf("final messages under the commit key: %d (%v)", len(recs), err)
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("final messages under the commit key: %d (%v), want none", len(recs), err)
+	}
+	for _, k := range []string{h.txID, "k1"} {
+		recs, err := b.store.QueryByKey("TxTopic", k, 4, 0, math.MaxInt64)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("final messages under key %q: %d (%v)", k, len(recs), err)
+		}
+		// The half message is not indexed.
+		if recs, err := b.store.QueryByKey(topicTransHalf, k, 4, 0, math.MaxInt64); err != nil || len(recs) != 0 {
+			t.Fatalf("half messages under key %q: %d (%v), want none", k, len(recs), err)
+		}
 	}
 	b.tx.mu.Lock()
 	if i := h.queueOffset - b.tx.mu.endedBase; i >= 0 && i < int64(len(b.tx.mu.ended)) {
@@ -203,6 +214,62 @@ func TestBrokerTransactionCommitKeysFull(t *testing.T) {
 	}
 	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
 		t.Fatalf("TxTopic/0 holds %q", bodies(got))
+	}
+}
+
+// TestBrokerTransactionCommitKeyFallback: a half message whose UNIQ_KEY
+// cannot be indexed (longer than the store allows) commits with the commit
+// key instead; after a restart (outcome read from the store) a repeated
+// commit stores nothing and a rollback is refused. A half message that
+// shares its UNIQ_KEY with more committed messages than QUERY_MESSAGE
+// returns is still found committed.
+func TestBrokerTransactionCommitKeyFallback(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	dir := t.TempDir()
+	b := txBroker(t, dir, clk)
+	c := subDial(t, b, "producer-1")
+	long := strings.Repeat("u", store.MaxNameLen+1)
+	h := txSend(t, c, "txpg", "TxTopic", 0, "long uniq", protocol.PropUniqKey, long)
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if ops := subMessages(t, b, topicTransOpHalf, 0); len(ops) != 0 {
+		t.Fatalf("op records %q", bodies(ops))
+	}
+	recs, err := b.store.QueryByKey("TxTopic", commitKey(h.queueOffset), 4, 0, math.MaxInt64)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("final messages under the commit key: %d (%v)", len(recs), err)
+	}
+	// Many committed messages under one UNIQ_KEY, the one to find last.
+	var dups []txHalf
+	for i := range store.MaxQueryNum + 2 {
+		dups = append(dups, txSend(t, c, "txpg", "DupTopic", 0, "dup"+strconv.Itoa(i), protocol.PropUniqKey, "same-uniq"))
+	}
+	for _, d := range dups[:len(dups)-1] {
+		mustEnd(t, c, "txpg", d, protocol.SysFlagTransactionCommit)
+	}
+	last := dups[len(dups)-1]
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = txBroker(t, dir, clk)
+	c = subDial(t, b, "producer-2")
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
+		t.Fatalf("TxTopic/0 holds %q", bodies(got))
+	}
+	// The first duplicate's outcome is below QUERY_MESSAGE's cap of newest
+	// records once the last one is committed too.
+	mustEnd(t, c, "txpg", last, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", dups[0], protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", last, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", dups[0], protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback of the first duplicate after commit: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "DupTopic", 0); len(got) != len(dups) {
+		t.Fatalf("DupTopic/0 holds %d, want %d", len(got), len(dups))
 	}
 }
 
@@ -746,9 +813,12 @@ func TestBrokerSubsystemOptions(t *testing.T) {
 	})
 }
 
-// BenchmarkBrokerTransaction measures a half-message send plus its commit
-// (two round trips, two group-committed store writes) over real TCP, from
-// many goroutines. Allocations include the client side.
+// BenchmarkBrokerTransaction measures a half-message send (with a KEYS
+// value, as the ETL job's output has) plus its commit (two round trips,
+// two group-committed store writes) over real TCP, from many goroutines.
+// Allocations include the client side; cpu-us/tx is the process CPU time
+// per transaction (client and broker; steadier than tx/s on a shared
+// machine).
 func BenchmarkBrokerTransaction(b *testing.B) {
 	br := startBroker(b)
 	const nConns = 4
@@ -758,17 +828,20 @@ func BenchmarkBrokerTransaction(b *testing.B) {
 	}
 	txSend(b, conns[0], "txpg", "BenchTx", 0, "warm-up")
 	body := strings.Repeat("x", 128)
-	var next atomic.Int64
+	var next, seq atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(16)
+	cpu0 := cputime.Process()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		c := conns[next.Add(1)%nConns]
 		for pb.Next() {
-			h := txSend(b, c, "txpg", "BenchTx", 0, body)
+			h := txSend(b, c, "txpg", "BenchTx", 0, body, protocol.PropKeys, "order-"+strconv.FormatInt(seq.Add(1), 10))
 			mustEnd(b, c, "txpg", h, protocol.SysFlagTransactionCommit)
 		}
 	})
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/tx")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
 }
 
 // TestBrokerTransactionKeptHalves: END_TRANSACTION reads half messages this

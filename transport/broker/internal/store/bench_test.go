@@ -116,3 +116,44 @@ func BenchmarkCommitOffset(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPutTransaction models the store writes of one committed
+// transaction of the ETL job's output (a 600-byte record, a KEYS value and
+// a UNIQ_KEY): the half message's Put, then the final message's Put, one
+// after the other (FlushAsync). keys=half-indexed is the key set the broker
+// wrote before half messages went unindexed and commits were found by
+// their UNIQ_KEY (half: KEYS + UNIQ_KEY; final: KEYS + UNIQ_KEY + commit
+// key), keys=unindexed the set it writes now (half: none; final: KEYS +
+// UNIQ_KEY).
+func BenchmarkPutTransaction(b *testing.B) {
+	for _, v := range []struct {
+		name        string
+		half, final int // index keys
+	}{{"half-indexed", 2, 3}, {"unindexed", 0, 2}} {
+		b.Run("keys="+v.name, func(b *testing.B) {
+			s, err := Open(b.TempDir(), Options{FlushMode: FlushAsync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			half := []PutMessage{benchRecord("RMQ_SYS_TRANS_HALF_TOPIC", 0, 600)}
+			final := []PutMessage{benchRecord("orders-enriched", 1, 600)}
+			b.ReportAllocs()
+			cpu0 := cputime.Process()
+			b.ResetTimer()
+			for i := range b.N {
+				uniq := fmt.Sprintf("0A0000050000%020d", i)
+				keys := [3]string{fmt.Sprintf("order-%d", i), uniq, "RMQ_TX_COMMIT " + fmt.Sprint(i)}
+				half[0].Keys, final[0].Keys = keys[:v.half], keys[:v.final]
+				if _, err := s.Put(context.Background(), half); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Put(context.Background(), final); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/tx")
+		})
+	}
+}

@@ -409,3 +409,47 @@ func (s *Store) QueryByKey(topic, key string, maxNum int, begin, end int64) ([][
 	}
 	return out, nil
 }
+
+// ScanKey calls fn with a copy of each record of topic indexed under key
+// (a KEYS value or a UNIQ_KEY) whose store time is at least begin, oldest
+// first, until fn returns false. Unlike QueryByKey it has no result cap:
+// a caller that must not miss a record (a transaction's outcome lookup)
+// sees every one. Index entries of removed messages are skipped.
+func (s *Store) ScanKey(topic, key string, begin int64, fn func(rec []byte) bool) error {
+	if err := checkName("topic", topic, MaxNameLen); err != nil {
+		return err
+	}
+	if err := checkName("key", key, MaxNameLen); err != nil {
+		return err
+	}
+	if err := s.acquire(); err != nil {
+		return err
+	}
+	defer s.release()
+	prefix := appendKeyIndexPrefix(nil, topic, key)
+	lo := binary.BigEndian.AppendUint64(slices.Clone(prefix), tsKey(begin))
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return fmt.Errorf("store: scan key: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		if len(k) != len(prefix)+16 {
+			return errors.Join(errCorruptKey(k), it.Close())
+		}
+		rec, err := s.getByPhys(int64(binary.BigEndian.Uint64(k[len(k)-8:])), topic)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return errors.Join(err, it.Close())
+		}
+		if !fn(rec) {
+			break
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: scan key: %w", err)
+	}
+	return nil
+}

@@ -949,3 +949,53 @@ func TestPutAsync(t *testing.T) {
 		})
 	}
 }
+
+// TestScanKey: ScanKey visits every record under a key from a store time
+// on, oldest first, beyond QueryByKey's cap, after a reopen as well, and
+// skips records removed by retention.
+func TestScanKey(t *testing.T) {
+	clk := &testClock{}
+	dir := t.TempDir()
+	s := openTest(t, dir, Options{Clock: clk.now})
+	n := MaxQueryNum + 10
+	for i := range n {
+		clk.ms.Store(int64(1000 + i))
+		mustPut(t, s, msg("K", 0, fmt.Sprint(i), "dup"), msg("Other", 0, "o", "dup"))
+	}
+	scan := func(s *Store, begin int64, limit int) []string {
+		t.Helper()
+		var out []string
+		err := s.ScanKey("K", "dup", begin, func(rec []byte) bool {
+			out = append(out, string(recordBody(rec)))
+			return len(out) < limit
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	got := scan(s, 0, 1<<30)
+	if len(got) != n || got[0] != "0" || got[n-1] != fmt.Sprint(n-1) {
+		t.Fatalf("scan: %d records, first %q", len(got), got[:1])
+	}
+	if got := scan(s, int64(1000+n-3), 1<<30); !slices.Equal(got, []string{fmt.Sprint(n - 3), fmt.Sprint(n - 2), fmt.Sprint(n - 1)}) {
+		t.Fatalf("from a store time: %v", got)
+	}
+	if got := scan(s, 0, 2); !slices.Equal(got, []string{"0", "1"}) {
+		t.Fatalf("stop: %v", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openTest(t, dir, Options{Clock: clk.now})
+	defer s.Close()
+	if err := s.TruncateBefore("K", 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := scan(s, 0, 1); !slices.Equal(got, []string{"5"}) {
+		t.Fatalf("after reopen and truncate: %v", got)
+	}
+	if err := s.ScanKey("K", "", 0, func([]byte) bool { return true }); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
