@@ -120,7 +120,7 @@ const (
 const (
 	// DefaultCommitLanes is the number of lanes committed in parallel: at
 	// most one END_TRANSACTION per lane is in flight.
-	DefaultCommitLanes = 1024
+	DefaultCommitLanes = 256
 	// DefaultTxMaxInFlight bounds unacknowledged half sends.
 	DefaultTxMaxInFlight = 1024
 	// DefaultTxAttempts is how many times a half send or END_TRANSACTION is
