@@ -49,6 +49,7 @@ type brokerFlags struct {
 	nsTLSCA       string
 	maxConns      int
 	maxConnsPerIP int
+	maxConnRate   int
 	firstFrame    time.Duration
 	idleTimeout   time.Duration
 	maxQueued     int64
@@ -92,7 +93,9 @@ certificate of --tls-cert (and presenting it as client certificate when
 --namesrv-tls-ca names the CA bundle that verifies them.
 
 Limits. --max-conns and --max-conns-per-ip cap the connections of each port
-(0 = no cap); --first-frame-timeout closes a connection that sends no complete
+(0 = no cap); --max-conn-rate paces the accepting of new ones (a storm of
+connections then waits in the listen backlog instead of taking the cores from
+the clients already connected); --first-frame-timeout closes a connection that sends no complete
 request in time, --idle-timeout one that sends nothing for that long,
 --max-queued-bytes one whose unread responses pile up (a client that never
 reads), --max-frame-size one that sends a larger frame; --max-message-size
@@ -134,6 +137,7 @@ is answered SYSTEM_BUSY at once, and the client backs off.`,
 	fl.StringVar(&f.nsTLSCA, "namesrv-tls-ca", "", "CA bundle (PEM) verifying the name servers of --namesrv; makes the broker dial them over TLS")
 	fl.IntVar(&f.maxConns, "max-conns", remoting.DefaultMaxConns, "most connections open at once on each port (0 = no cap)")
 	fl.IntVar(&f.maxConnsPerIP, "max-conns-per-ip", remoting.DefaultMaxConnsPerIP, "most connections open at once from one IP address on each port (0 = no cap)")
+	fl.IntVar(&f.maxConnRate, "max-conn-rate", 0, "most new connections accepted per second on each port, a tenth of that back to back (0 = no pacing); the rest wait in the listen backlog")
 	fl.DurationVar(&f.firstFrame, "first-frame-timeout", remoting.DefaultFirstFrameTimeout, "close a connection that sends no complete request this long after connecting (0 = never)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", remoting.DefaultIdleTimeout, "close a connection that sends nothing for this long (0 = never)")
 	fl.Int64Var(&f.maxQueued, "max-queued-bytes", remoting.DefaultMaxQueuedBytes, "close a connection whose responses not yet written to its socket exceed this many bytes (0 = no bound)")
@@ -175,6 +179,8 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 		return 0, 0, fmt.Errorf("--max-conns %d: must be 0 (no cap) or positive", f.maxConns)
 	case f.maxConnsPerIP < 0:
 		return 0, 0, fmt.Errorf("--max-conns-per-ip %d: must be 0 (no cap) or positive", f.maxConnsPerIP)
+	case f.maxConnRate < 0 || f.maxConnRate > 1_000_000:
+		return 0, 0, fmt.Errorf("--max-conn-rate %d: must be 0 (no pacing) or in [1, 1000000]", f.maxConnRate)
 	case f.firstFrame < 0:
 		return 0, 0, fmt.Errorf("--first-frame-timeout %v: must be 0 (never) or positive", f.firstFrame)
 	case f.idleTimeout < 0:
@@ -189,11 +195,21 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 	return mode, lvl, nil
 }
 
+// connBurst is the burst of --max-conn-rate r: a tenth of a second's
+// worth, at least 1 (0 when r is 0: no pacing).
+func connBurst(r int) int {
+	if r == 0 {
+		return 0
+	}
+	return max(r/10, 1)
+}
+
 // limits returns the remoting options of the connection limits.
 func (f *brokerFlags) limits() []remoting.ServerOption {
 	return []remoting.ServerOption{
 		remoting.WithMaxConns(f.maxConns),
 		remoting.WithMaxConnsPerIP(f.maxConnsPerIP),
+		remoting.WithMaxConnRate(f.maxConnRate, connBurst(f.maxConnRate)),
 		remoting.WithFirstFrameTimeout(f.firstFrame),
 		remoting.WithIdleTimeout(f.idleTimeout),
 		remoting.WithMaxQueuedBytes(f.maxQueued),

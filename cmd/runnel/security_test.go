@@ -212,6 +212,7 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(both, "--namesrv-tls-ca", keyFile), "holds no PEM certificate"},
 		{append(both, "--max-conns", "-1"), "--max-conns -1"},
 		{append(both, "--max-conns-per-ip", "-2"), "--max-conns-per-ip -2"},
+		{append(both, "--max-conn-rate", "-5"), "--max-conn-rate -5"},
 		{append(both, "--disk-high-watermark", "1.5"), "--disk-high-watermark 1.5: must be in (0, 1]"},
 		{append(both, "--max-batch-messages", "0"), "max batch messages 0"},
 		{append(both, "--idle-timeout", "-1s"), "--idle-timeout -1s"},

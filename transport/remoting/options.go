@@ -289,6 +289,8 @@ type serverConfig struct {
 	conn         connConfig
 	maxConns     int
 	maxConnsIP   int
+	connRate     int // WithMaxConnRate: new connections per second; 0 = no pacing
+	connBurst    int
 	firstFrame   time.Duration
 	limitLog     time.Duration
 	permissive   bool
@@ -315,6 +317,8 @@ func (c *serverConfig) validate() error {
 		return fmt.Errorf("remoting: max connections %d", c.maxConns)
 	case c.maxConnsIP < 0:
 		return fmt.Errorf("remoting: max connections per IP %d", c.maxConnsIP)
+	case c.connRate < 0 || c.connRate > 1_000_000 || c.connBurst < 0 || (c.connRate > 0) != (c.connBurst > 0):
+		return fmt.Errorf("remoting: connection rate %d per second, burst %d: want 0 and 0 (no pacing), or a rate of 1 to 1,000,000 and a burst of at least 1", c.connRate, c.connBurst)
 	case c.firstFrame < 0:
 		return fmt.Errorf("remoting: negative first-frame timeout %v", c.firstFrame)
 	case c.limitLog < 0:
@@ -329,6 +333,20 @@ func (c *serverConfig) validate() error {
 // counted in ServerStats.RejectedConns.
 func WithMaxConns(n int) ServerOption {
 	return serverOpt(func(c *serverConfig) { c.maxConns = n })
+}
+
+// WithMaxConnRate paces a Server's accepts to at most perSecond new
+// connections per second on each listener, burst of them back to back
+// (0, 0 = no pacing, the default). A connection beyond the rate waits in
+// the listen backlog, its handshake done by the kernel, until the rate
+// allows it: a storm of new connections (a flood, or every client of a
+// restarted broker at once) then costs the Server its work spread over
+// time, and the connections already open keep their latency. Accepts held
+// back are counted in ServerStats.PacedAccepts and logged at most once per
+// log interval. Connections refused by WithMaxConns count too. Bounds:
+// perSecond up to 1,000,000, burst at least 1 when perSecond is set.
+func WithMaxConnRate(perSecond, burst int) ServerOption {
+	return serverOpt(func(c *serverConfig) { c.connRate, c.connBurst = perSecond, burst })
 }
 
 // WithMaxConnsPerIP bounds the connections a Server keeps open at once from

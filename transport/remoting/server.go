@@ -202,6 +202,8 @@ type ServerStats struct {
 
 	UnencodableResponses int64 // a processor's response could not be encoded (SYSTEM_ERROR sent instead)
 	ProcessorPanics      int64 // a processor panicked (answered SYSTEM_ERROR)
+
+	PacedAccepts int64 // accepts held back to keep to WithMaxConnRate
 }
 
 // limitKind names a limit whose hits a Server counts and logs.
@@ -219,6 +221,7 @@ const (
 	limitMalformed
 	limitUnencodable
 	limitPanic
+	limitConnRate
 	numLimits
 )
 
@@ -235,6 +238,7 @@ var limitMessages = [numLimits]string{
 	limitMalformed:    "remoting: connection closed: malformed frame",
 	limitUnencodable:  "remoting: response not encodable; answered SYSTEM_ERROR",
 	limitPanic:        "remoting: processor panicked; answered SYSTEM_ERROR",
+	limitConnRate:     "remoting: accepts paced: new connections over the creation rate",
 }
 
 // limitCounter counts the hits of one limit and rate-limits their logging.
@@ -427,6 +431,8 @@ func (s *Server) Stats() ServerStats {
 
 		UnencodableResponses: s.limits[limitUnencodable].hits.Load(),
 		ProcessorPanics:      s.limits[limitPanic].hits.Load(),
+
+		PacedAccepts: s.limits[limitConnRate].hits.Load(),
 	}
 }
 
@@ -518,6 +524,11 @@ func (s *Server) serve(l net.Listener) error {
 		_ = l.Close() // may already be closed by Close
 	}()
 	var delay time.Duration
+	var pace acceptPacer
+	if r := s.cfg.connRate; r > 0 {
+		pace.interval = time.Second / time.Duration(r)
+		pace.slack = time.Duration(s.cfg.connBurst) * pace.interval
+	}
 	for {
 		nc, err := l.Accept()
 		if err != nil {
@@ -543,10 +554,48 @@ func (s *Server) serve(l net.Listener) error {
 			return fmt.Errorf("remoting: accept: %w", err)
 		}
 		delay = 0
+		remote := nc.RemoteAddr()
 		if !s.startConn(nc) {
 			return ErrServerClosed
 		}
+		if d := pace.next(time.Now()); d > 0 {
+			// Over the creation rate: the next connection waits in the
+			// listen backlog. Connections already open meanwhile get the
+			// cores rather than a burst of new ones (handshakes, first
+			// frames, goroutines) ahead of them in the run queues.
+			s.limitHit(limitConnRate, remote, "rate", s.cfg.connRate, "burst", s.cfg.connBurst)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-s.quit:
+				t.Stop()
+				return ErrServerClosed
+			}
+		}
 	}
+}
+
+// acceptPacer spaces accepts to one per interval on average, letting
+// slack/interval of them through back to back (a token bucket in its
+// virtual-time form, GCRA). The zero value, and a zero interval, never
+// waits. It belongs to one accept loop: no locking.
+type acceptPacer struct {
+	interval time.Duration
+	slack    time.Duration // burst × interval
+	tat      time.Time     // theoretical arrival time of the next accept
+}
+
+// next records an accept at now and returns how long to wait before the
+// following one.
+func (p *acceptPacer) next(now time.Time) time.Duration {
+	if p.interval <= 0 {
+		return 0
+	}
+	if p.tat.Before(now) {
+		p.tat = now
+	}
+	p.tat = p.tat.Add(p.interval)
+	return max(p.tat.Sub(now)-p.slack, 0)
 }
 
 // startConn serves nc on a new goroutine, or closes it at once when the
