@@ -203,18 +203,7 @@ func TestBrokerTransactionCommitKeysFull(t *testing.T) {
 		t.Fatalf("op records %q", bodies(ops))
 	}
 	wantProps(t, &ops[0], protocol.PropTags, "d", propTxState, "commit")
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b = txBroker(t, dir, clk)
-	c = subDial(t, b, "producer-2")
-	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
-	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
-		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
-	}
-	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
-		t.Fatalf("TxTopic/0 holds %q", bodies(got))
-	}
+	b, c = reopenCommitted(t, b, dir, clk, h)
 }
 
 // TestBrokerTransactionCommitKeyFallback: a half message whose UNIQ_KEY
@@ -248,18 +237,7 @@ func TestBrokerTransactionCommitKeyFallback(t *testing.T) {
 		mustEnd(t, c, "txpg", d, protocol.SysFlagTransactionCommit)
 	}
 	last := dups[len(dups)-1]
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b = txBroker(t, dir, clk)
-	c = subDial(t, b, "producer-2")
-	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
-	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
-		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
-	}
-	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
-		t.Fatalf("TxTopic/0 holds %q", bodies(got))
-	}
+	b, c = reopenCommitted(t, b, dir, clk, h)
 	// The first duplicate's outcome is below QUERY_MESSAGE's cap of newest
 	// records once the last one is committed too.
 	mustEnd(t, c, "txpg", last, protocol.SysFlagTransactionCommit)
@@ -271,6 +249,27 @@ func TestBrokerTransactionCommitKeyFallback(t *testing.T) {
 	if got := subMessages(t, b, "DupTopic", 0); len(got) != len(dups) {
 		t.Fatalf("DupTopic/0 holds %d, want %d", len(got), len(dups))
 	}
+}
+
+// reopenCommitted closes b and starts the broker again on dir (the
+// outcome of h, a committed half message on TxTopic/0, is then read from
+// the store): a repeated commit stores nothing, a rollback is refused and
+// TxTopic/0 holds one message. It returns the new broker and a client.
+func reopenCommitted(t *testing.T, b *Broker, dir string, clk *subClock, h txHalf) (*Broker, *subClient) {
+	t.Helper()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = txBroker(t, dir, clk)
+	c := subDial(t, b, "producer-2")
+	mustEnd(t, c, "txpg", h, protocol.SysFlagTransactionCommit)
+	if resp := endTx(t, c, "txpg", h, protocol.SysFlagTransactionRollback); resp.Code != protocol.ResSystemError {
+		t.Errorf("rollback after commit, after a restart: %d %q", resp.Code, resp.Remark)
+	}
+	if got := subMessages(t, b, "TxTopic", 0); len(got) != 1 {
+		t.Fatalf("TxTopic/0 holds %q", bodies(got))
+	}
+	return b, c
 }
 
 func TestBrokerTransactionRollback(t *testing.T) {
