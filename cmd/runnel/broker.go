@@ -94,9 +94,10 @@ certificate of --tls-cert (and presenting it as client certificate when
 
 Limits. --max-conns and --max-conns-per-ip cap the connections of each port
 (0 = no cap); --max-conn-rate paces the accepting of new ones (a storm of
-connections then waits in the listen backlog instead of taking the cores from
-the clients already connected); --first-frame-timeout closes a connection that sends no complete
-request in time, --idle-timeout one that sends nothing for that long,
+connections then waits in the listen backlog instead of taking the cores
+from the clients already connected); --first-frame-timeout closes a
+connection that sends no complete request in time, --idle-timeout one that
+sends nothing for that long,
 --max-queued-bytes one whose unread responses pile up (a client that never
 reads), --max-frame-size one that sends a larger frame; --max-message-size
 bounds a message body. Each refused or closed connection is counted and logged

@@ -557,20 +557,24 @@ func (t *transactions) state(half *protocol.MessageExt) (txState, error) {
 	if err != nil {
 		return txPending, nil // never committed: a commit needs the real topic
 	}
-	// A committed message of this half message: same physical offset in
-	// preparedTransactionOffset, commit bits.
-	committed := false
-	isFinal := func(rec []byte) bool {
+	// commitOf reports whether rec is the committed message of this half
+	// message: its physical offset in preparedTransactionOffset, commit
+	// bits.
+	commitOf := func(rec []byte) bool {
 		m, _, err := protocol.DecodeRecord(rec)
-		committed = err == nil && m.PreparedTransactionOffset == half.CommitLogOffset &&
+		return err == nil && m.PreparedTransactionOffset == half.CommitLogOffset &&
 			protocol.TransactionType(m.SysFlag) == protocol.SysFlagTransactionCommit
-		return !committed
 	}
 	if uniq := half.UniqKey(); uniq != "" && len(uniq) <= store.MaxNameLen {
 		// Every record under the key (no cap: a UNIQ_KEY reused by a
 		// client must not hide the commit), from the half message's
 		// store time on.
-		if err := t.b.store.ScanKey(topic, uniq, half.StoreTimestamp, isFinal); err != nil {
+		committed := false
+		err := t.b.store.ScanKey(topic, uniq, half.StoreTimestamp, func(rec []byte) bool {
+			committed = commitOf(rec)
+			return !committed
+		})
+		if err != nil {
 			return txPending, fmt.Errorf("broker: committed message of half message %d in %s: %w", off, topic, err)
 		}
 		if committed {
@@ -582,7 +586,7 @@ func (t *transactions) state(half *protocol.MessageExt) (txState, error) {
 		return txPending, fmt.Errorf("broker: committed message of half message %d in %s: %w", off, topic, err)
 	}
 	for _, rec := range recs {
-		if !isFinal(rec) {
+		if commitOf(rec) {
 			return txCommitted, nil
 		}
 	}

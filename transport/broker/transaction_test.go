@@ -203,7 +203,7 @@ func TestBrokerTransactionCommitKeysFull(t *testing.T) {
 		t.Fatalf("op records %q", bodies(ops))
 	}
 	wantProps(t, &ops[0], protocol.PropTags, "d", propTxState, "commit")
-	b, c = reopenCommitted(t, b, dir, clk, h)
+	reopenCommitted(t, b, dir, clk, h)
 }
 
 // TestBrokerTransactionCommitKeyFallback: a half message whose UNIQ_KEY

@@ -46,8 +46,8 @@ func TestAcceptPacer(t *testing.T) {
 // TestServerMaxConnRate dials connections all at once at a Server paced to
 // 20 per second with a burst of 2: every one is served (the rest wait in
 // the listen backlog, not refused), over at least the time the rate
-// allows, and the held-back accepts are counted. Without the option the
-// same dials are served at once.
+// allows, and the held-back accepts are counted. Without the option none
+// is held back.
 func TestServerMaxConnRate(t *testing.T) {
 	const n = 8
 	dialAll := func(addr string) time.Duration {

@@ -542,11 +542,7 @@ func (s *Server) serve(l net.Listener) error {
 				// Out of file descriptors and the like: back off, as net/http does.
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 				s.log.Warn("remoting: accept failed; retrying", "err", err, "delay", delay)
-				t := time.NewTimer(delay)
-				select {
-				case <-t.C:
-				case <-s.quit:
-					t.Stop()
+				if !s.pause(delay) {
 					return ErrServerClosed
 				}
 				continue
@@ -554,7 +550,6 @@ func (s *Server) serve(l net.Listener) error {
 			return fmt.Errorf("remoting: accept: %w", err)
 		}
 		delay = 0
-		remote := nc.RemoteAddr()
 		if !s.startConn(nc) {
 			return ErrServerClosed
 		}
@@ -563,15 +558,23 @@ func (s *Server) serve(l net.Listener) error {
 			// listen backlog. Connections already open meanwhile get the
 			// cores rather than a burst of new ones (handshakes, first
 			// frames, goroutines) ahead of them in the run queues.
-			s.limitHit(limitConnRate, remote, "rate", s.cfg.connRate, "burst", s.cfg.connBurst)
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-s.quit:
-				t.Stop()
+			s.limitHit(limitConnRate, nc.RemoteAddr(), "rate", s.cfg.connRate, "burst", s.cfg.connBurst)
+			if !s.pause(d) {
 				return ErrServerClosed
 			}
 		}
+	}
+}
+
+// pause waits d on the accept loop; false if the Server closed meanwhile.
+func (s *Server) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.quit:
+		return false
 	}
 }
 
