@@ -74,6 +74,25 @@ func Example() {
 	}
 	defer pub.Close()
 
+	// Create the topics before anything is published to or subscribed on
+	// them. Otherwise a Subscribe that finds no topic creates it with its
+	// own queue count (UPDATE_AND_CREATE_TOPIC) while the Router's first send
+	// may create it too, with the producer's default count, an instant
+	// earlier: a message the send put on a queue beyond the Subscribe's count
+	// could then not be read.
+	topics, err := b.NewSubscriber("example-setup")
+	if err != nil {
+		panic(err)
+	}
+	for _, t := range []string{"orders", "shipments-router", "shipments-runnel"} {
+		if err := topics.SubscribeInitialize(t); err != nil {
+			panic(err)
+		}
+	}
+	if err := topics.Close(); err != nil {
+		panic(err)
+	}
+
 	orders := []string{"order:apple:3", "order:pear:1", "broken", "order:fig:12"}
 	for i, o := range orders {
 		m := message.NewMessage(fmt.Sprintf("o%d", i), []byte(o))
