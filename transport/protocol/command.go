@@ -71,7 +71,10 @@ type Command struct {
 	// small allocation, whatever its header holds. ext is then empty. A
 	// pointer and a length rather than a string keep Command at 120 bytes,
 	// so that with 16 inline extFields it stays in the 640-byte size class.
-	rawN   uint8 // <= lazyMaxExt
+	rawN uint8 // <= lazyMaxExt
+	// st is the header encoding of the frame the Command was decoded
+	// from (SerializeJSON for one built locally); see SerializeType.
+	st     SerializeType
 	rawLen uint32
 	Remark string
 	Body   []byte
@@ -135,6 +138,12 @@ func NewResponse(req *Command, code int32, remark string) *Command {
 	c.Code, c.Opaque, c.Flag, c.Remark = code, req.Opaque, FlagResponse, remark
 	return c
 }
+
+// SerializeType returns the header encoding of the frame c was decoded
+// from; SerializeJSON for a Command built by NewRequest or NewResponse. A
+// RocketMQ peer decodes either encoding on every frame, so a server may
+// answer each request in the encoding the request came in.
+func (c *Command) SerializeType() SerializeType { return c.st }
 
 // IsResponse reports whether the response bit is set.
 func (c *Command) IsResponse() bool { return c.Flag&FlagResponse != 0 }

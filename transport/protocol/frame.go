@@ -138,6 +138,7 @@ func (c *Command) decodeFrame(b []byte) error {
 		return malformed("header length %d exceeds the %d bytes left in the frame", hl, len(b)-4)
 	}
 	header := b[4 : 4+hl : 4+hl]
+	c.st = st
 	var err error
 	switch st {
 	case SerializeJSON:

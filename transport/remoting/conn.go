@@ -550,10 +550,29 @@ func (c *Conn) stamp(cmd *protocol.Command) {
 	}
 }
 
-// encode encodes cmd into a pooled buffer.
+// encode encodes the request cmd into a pooled buffer, in the Conn's
+// serialize type.
 func (c *Conn) encode(cmd *protocol.Command) (*[]byte, error) {
+	return c.encodeAs(cmd, c.cfg.serialize)
+}
+
+// responseType is the header encoding of the response to req: req's own,
+// unless WithSerializeType fixed the Conn's.
+func (c *Conn) responseType(req *protocol.Command) protocol.SerializeType {
+	if c.cfg.serializeSet {
+		return c.cfg.serialize
+	}
+	return req.SerializeType()
+}
+
+// encodeAs encodes cmd into a pooled buffer with st headers; in JSON when
+// the binary encoding cannot carry cmd (a code or version outside int16).
+func (c *Conn) encodeAs(cmd *protocol.Command, st protocol.SerializeType) (*[]byte, error) {
 	bp := c.bufs.Get().(*[]byte)
-	b, err := cmd.AppendFrame((*bp)[:0], c.cfg.serialize)
+	b, err := cmd.AppendFrame((*bp)[:0], st)
+	if err != nil && st == protocol.SerializeRocketMQ && errors.Is(err, protocol.ErrUnencodable) {
+		b, err = cmd.AppendFrame((*bp)[:0], protocol.SerializeJSON)
+	}
 	if err != nil {
 		c.putBuf(bp)
 		return nil, fmt.Errorf("remoting: encoding code %d: %w", cmd.Code, err)
@@ -962,7 +981,8 @@ func (c *Conn) writeResponse(req, resp *protocol.Command) error {
 	resp.Opaque = req.Opaque
 	resp.Flag = (resp.Flag | protocol.FlagResponse) &^ protocol.FlagOneway
 	c.stamp(resp)
-	bp, err := c.encode(resp)
+	st := c.responseType(req)
+	bp, err := c.encodeAs(resp, st)
 	if err != nil {
 		// The processor built a response this encoding cannot carry; tell the
 		// peer instead of leaving it waiting.
@@ -973,7 +993,7 @@ func (c *Conn) writeResponse(req, resp *protocol.Command) error {
 		}
 		fallback := protocol.NewResponse(req, protocol.ResSystemError, err.Error())
 		c.stamp(fallback)
-		if bp, err = c.encode(fallback); err != nil {
+		if bp, err = c.encodeAs(fallback, st); err != nil {
 			return err
 		}
 	}

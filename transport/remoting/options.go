@@ -92,9 +92,12 @@ func orDiscard(l *slog.Logger) *slog.Logger {
 
 // connConfig is the configuration of one connection, client or server side.
 type connConfig struct {
-	logger        *slog.Logger
-	tls           *tls.Config
-	serialize     protocol.SerializeType
+	logger    *slog.Logger
+	tls       *tls.Config
+	serialize protocol.SerializeType
+	// serializeSet: WithSerializeType was given, so responses too are
+	// written in serialize, not in the encoding of their request.
+	serializeSet  bool
 	maxFrame      int
 	idleTimeout   time.Duration
 	writeTimeout  time.Duration
@@ -180,11 +183,16 @@ func WithTLSConfig(cfg *tls.Config) CommonOption {
 }
 
 // WithSerializeType sets the header encoding of every frame this side
-// writes: protocol.SerializeJSON (the default, as RocketMQ clients and
-// servers use) or protocol.SerializeRocketMQ. Incoming frames are decoded in
-// whichever encoding each one announces.
+// writes, requests and responses: protocol.SerializeJSON or
+// protocol.SerializeRocketMQ, as a Java process started with
+// -Drocketmq.serialize.type does. Without it, requests are written in JSON
+// (the default of RocketMQ clients and servers) and each response in the
+// encoding of the request it answers. Incoming frames are decoded in
+// whichever encoding each one announces, as RocketMQ's Java and Go peers
+// do. A frame the binary encoding cannot carry (a code outside int16, such
+// as POP_MESSAGE's 200050) is written in JSON.
 func WithSerializeType(st protocol.SerializeType) CommonOption {
-	return commonOpt(func(c *connConfig) { c.serialize = st })
+	return commonOpt(func(c *connConfig) { c.serialize, c.serializeSet = st, true })
 }
 
 // WithMaxFrameSize bounds incoming frames (the value of the length word);

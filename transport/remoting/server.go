@@ -76,7 +76,8 @@ func (rc *RequestCtx) Defer() {
 }
 
 // Respond sends resp as the response to the request, with the request's
-// opaque and the response flag, in the Server's serialize type. Only the
+// opaque and the response flag, in the header encoding of the request (or
+// the one WithSerializeType fixed for the Server). Only the
 // first call counts; later ones return ErrAlreadyResponded. A nil resp, or
 // a oneway request, sends nothing but still ends the request. Respond never
 // blocks: when the connection's write queue is full the connection is closed
