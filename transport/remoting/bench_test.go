@@ -196,16 +196,26 @@ func BenchmarkRoundTripDirect(b *testing.B) {
 // goroutine and handed to the caller through a channel (impl=echo-hop, the
 // shape of a Conn's client side). Compare with `benchstat -col /impl`;
 // cpu-us/op is the process's CPU (both ends) per round trip.
+//
+// impl=conn writes JSON headers (and is answered in JSON); impl=conn-rmq
+// writes ROCKETMQ binary headers, as runnel's client does by default, and
+// is answered in them.
 func BenchmarkRoundTripFloor(b *testing.B) {
-	b.Run("impl=conn", func(b *testing.B) {
-		s, addr := newTestServer(b)
-		s.HandleInline(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
-			resp := protocol.NewResponse(rc.Request(), 0, "")
-			resp.SetExt("queueOffset", "42")
-			return resp, nil
-		}))
-		benchInvokeLoop(b, dialT(b, addr))
-	})
+	for _, st := range []protocol.SerializeType{protocol.SerializeJSON, protocol.SerializeRocketMQ} {
+		name := "impl=conn"
+		if st == protocol.SerializeRocketMQ {
+			name = "impl=conn-rmq"
+		}
+		b.Run(name, func(b *testing.B) {
+			s, addr := newTestServer(b)
+			s.HandleInline(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
+				resp := protocol.NewResponse(rc.Request(), 0, "")
+				resp.SetExt("queueOffset", "42")
+				return resp, nil
+			}))
+			benchInvokeLoop(b, dialT(b, addr, WithSerializeType(st)))
+		})
+	}
 	for _, hop := range []bool{false, true} {
 		name := "impl=echo"
 		if hop {
