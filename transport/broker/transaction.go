@@ -693,7 +693,8 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	if done, err := t.alreadyEnded(&half, st, want); done {
 		return err
 	}
-	msgs, err := t.endRecords(ctx, &half, want, rc, false)
+	var sc endScratch
+	msgs, err := t.endRecords(ctx, &half, want, rc, false, &sc)
 	if err != nil {
 		return err
 	}
@@ -743,13 +744,17 @@ var errEndMayBlock = errors.New("broker: final message may block")
 // fails with errEndMayBlock when the final message's rewrite may block,
 // and a commit whose final message stays in the real topic returns the
 // final message alone (pendingEnd.put indexes it under commitKey instead
-// of storing an op record).
-func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt, want txState, rc *remoting.RequestCtx, inline bool) ([]*InboundMessage, error) {
+// of storing an op record). The final message and the returned slice are
+// built in sc (the inline path's is pooled with its pendingEnd): they are
+// valid while sc is not reused.
+func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt, want txState, rc *remoting.RequestCtx, inline bool, sc *endScratch) ([]*InboundMessage, error) {
 	if want == txRolledBack {
-		return []*InboundMessage{t.opRecord(half.QueueOffset, want)}, nil
+		sc.msgs[0] = t.opRecord(half.QueueOffset, want)
+		return sc.msgs[:1], nil
 	}
-	final, err := finalMessage(half, half.CommitLogOffset)
-	if err != nil {
+	final := &sc.final
+	var err error
+	if sc.props, err = finalMessage(final, sc.props[:0], half, half.CommitLogOffset); err != nil {
 		return nil, sysError(err.Error())
 	}
 	if rc != nil {
@@ -765,14 +770,29 @@ func (t *transactions) endRecords(ctx context.Context, half *protocol.MessageExt
 			return nil, err
 		}
 	}
+	sc.msgs[0] = final
 	// The compact form only when the final message stays in the real
 	// topic: the outcome lookup reads the commit key there, so a final
 	// message moved (a delayed one, to the schedule or timer topic) gets
 	// an op record.
 	if inline && final.Topic == realTopic {
-		return []*InboundMessage{final}, nil
+		return sc.msgs[:1], nil
 	}
-	return []*InboundMessage{final, t.opRecord(half.QueueOffset, want)}, nil
+	sc.msgs[1] = t.opRecord(half.QueueOffset, want)
+	return sc.msgs[:2], nil
+}
+
+// endScratch is where endRecords builds an end's records: the final
+// message, its properties and the list of records.
+type endScratch struct {
+	final InboundMessage
+	props []byte // final.Properties aliases it
+	msgs  [2]*InboundMessage
+}
+
+// reset clears sc for reuse, keeping the properties buffer.
+func (sc *endScratch) reset() {
+	*sc = endScratch{props: sc.props[:0]}
 }
 
 // ended records that half ended with want (its records are stored).
@@ -849,15 +869,18 @@ func (t *transactions) endInline(ctx context.Context, rc *remoting.RequestCtx, h
 		}
 		return protocol.NewResponse(req, protocol.ResSuccess, ""), true
 	}
-	msgs, err := t.endRecords(ctx, &half, want, rc, true)
+	pe := t.ends.Get().(*pendingEnd)
+	pe.t = t
+	msgs, err := t.endRecords(ctx, &half, want, rc, true, &pe.sc)
 	if errors.Is(err, errEndMayBlock) {
+		pe.release()
 		return nil, false
 	}
 	if err != nil {
+		pe.release()
 		return errorResponse(req, err), true
 	}
-	pe := t.ends.Get().(*pendingEnd)
-	pe.t, pe.rc, pe.half, pe.want = t, rc, half, want
+	pe.rc, pe.half, pe.want = rc, half, want
 	rc.Defer()
 	if err := pe.put(ctx, msgs, want == txCommitted && len(msgs) == 1); err != nil {
 		_ = rc.Respond(errorResponse(req, storeError(err))) // a failure closed the connection, which reports it
@@ -882,6 +905,7 @@ type pendingEnd struct {
 	puts   [2]store.PutMessage
 	res    [2]store.PutResult
 	keys   [2][4]string
+	sc     endScratch  // the records endRecords built
 	doneFn func(error) // pe.done, bound once
 }
 
@@ -894,7 +918,8 @@ func newPendingEnd() any {
 // release clears pe and returns it to the pool.
 func (pe *pendingEnd) release() {
 	t, done := pe.t, pe.doneFn
-	*pe = pendingEnd{doneFn: done}
+	pe.sc.reset()
+	*pe = pendingEnd{sc: pe.sc, doneFn: done}
 	t.ends.Put(pe)
 }
 
@@ -1040,11 +1065,14 @@ func parseRealTarget(topic, qs string, ok bool) (string, int32, error) {
 //
 // One pass over the half message's properties finds REAL_*, PGROUP and
 // DELAY and copies the rest (the last of duplicates wins, as in
-// PropertyValue).
-func finalMessage(half *protocol.MessageExt, phys int64) (*InboundMessage, error) {
+// PropertyValue). It fills m and appends the properties to props, which it
+// returns: m.Properties aliases the appended bytes, which must not be
+// written again while m is in use.
+func finalMessage(m *InboundMessage, props []byte, half *protocol.MessageExt, phys int64) ([]byte, error) {
 	var rTopic, rQID, group, delay string
 	var hasTopic, hasQID bool
-	props := make([]byte, 0, len(half.Properties))
+	start := len(props)
+	props = slices.Grow(props, len(half.Properties))
 	protocol.RangeProperties(half.Properties, func(n, v string) bool {
 		switch n {
 		case protocol.PropRealTopic:
@@ -1065,14 +1093,15 @@ func finalMessage(half *protocol.MessageExt, phys int64) (*InboundMessage, error
 	})
 	topic, qid, err := parseRealTarget(rTopic, rQID, hasTopic && hasQID)
 	if err != nil {
-		return nil, err
+		return props, err
 	}
-	m := &InboundMessage{
+	p := props[start:]
+	*m = InboundMessage{
 		Topic:                     topic,
 		QueueID:                   qid,
 		Flag:                      half.Flag,
 		Body:                      half.Body,
-		Properties:                unsafe.String(unsafe.SliceData(props), len(props)), // props is never written again
+		Properties:                unsafe.String(unsafe.SliceData(p), len(p)), // p is not written again while m is used
 		SysFlag:                   protocol.SetTransactionType(half.SysFlag, protocol.SysFlagTransactionCommit),
 		BornTimestamp:             half.BornTimestamp,
 		BornHost:                  half.BornHost,
@@ -1086,7 +1115,7 @@ func finalMessage(half *protocol.MessageExt, phys int64) (*InboundMessage, error
 			m.DelayLevel = int32(v)
 		}
 	}
-	return m, nil
+	return props, nil
 }
 
 // ---- check-back ----
