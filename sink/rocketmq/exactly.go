@@ -331,9 +331,14 @@ func WithProducerOptions(opts ...client.ProducerOption) TxOption {
 // the broker discarded its half message), lane and, once sent, handle.
 type slot struct {
 	m    *client.Message
+	ep   *epochTxn
 	lane uint32
 	h    client.TxHandle
 }
+
+// HalfSent implements client.HalfCallback: the slot itself receives the
+// outcome of its half send (no closure per record).
+func (sl *slot) HalfSent(h client.TxHandle, err error) { sl.ep.onHalf(sl, h, err) }
 
 const chunkSize = 1024
 
@@ -349,6 +354,9 @@ type epochTxn struct {
 	desc   []byte   // set by PreCommit
 	txn    *txnDesc // desc decoded, set by PreCommit
 	cp     uint64   // checkpoint id, set by PreCommit
+	// onHalf is the sink's halfSent, called with the outcome of each
+	// slot's half send (connection reader goroutines).
+	onHalf func(sl *slot, h client.TxHandle, err error)
 
 	mu struct {
 		sync.Mutex
@@ -365,7 +373,7 @@ func (e *epochTxn) add(m *client.Message, lane uint32) int {
 	i := e.n
 	e.n++
 	s := e.slot(i)
-	s.m, s.lane = m, lane
+	s.m, s.ep, s.lane = m, e, lane
 	return i
 }
 
@@ -397,6 +405,9 @@ type ExactlyOnce[T any] struct {
 
 	sem     chan struct{}  // one token per half send in flight (or being retried)
 	workers sync.WaitGroup // half sends being retried (resend)
+
+	// onHalf is s.halfSent, bound once (epochs hand it to their slots).
+	onHalf func(sl *slot, h client.TxHandle, err error)
 
 	// Task-goroutine state.
 	epoch    uint64      // tag of the open epoch
@@ -467,8 +478,14 @@ func NewExactlyOnce[T any](c *client.Client, group string, mapper func(T) (*clie
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.mu.known = make(map[string]knownState)
+	s.onHalf = s.halfSent
 	popts := append(append([]client.ProducerOption(nil), cfg.producerOpts...),
 		client.WithSelector(client.HashBySharding()), client.WithCheckListener(s.checkBack))
+	if cfg.sendTimeoutSet {
+		// Bounds each asynchronous half send (enqueue) without a context
+		// per record.
+		popts = append(popts, client.WithSendTimeout(cfg.sendTimeout))
+	}
 	p, err := client.NewProducer(c, group, popts...)
 	if err != nil {
 		return nil, fmt.Errorf("rocketmq sink: %w", err)
@@ -508,10 +525,15 @@ func (s *ExactlyOnce[T]) fail(err error) error {
 // by its own request timeout, without a timer per call).
 func (s *ExactlyOnce[T]) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if !s.cfg.sendTimeoutSet {
-		return ctx, func() {}
+		return ctx, noCancel
 	}
 	return context.WithTimeout(ctx, s.cfg.sendTimeout)
 }
+
+// noCancel is attemptCtx's cancel function when it adds no deadline (a
+// package-level function: a literal in the generic method would allocate
+// a closure per call).
+func noCancel() {}
 
 func txKey(run string, epoch uint64) string { return run + "/" + strconv.FormatUint(epoch, 10) }
 
@@ -590,32 +612,39 @@ func (s *ExactlyOnce[T]) Write(ctx context.Context, v T) error {
 	if ep.first.IsZero() {
 		ep.first = time.Now()
 	}
-	s.enqueue(ep, ep.slot(ep.add(m, s.laneOf(m))))
+	s.enqueue(ep.slot(ep.add(m, s.laneOf(m))))
 	return nil
 }
 
-// enqueue sends sl (a slot of ep) as a half message without waiting for
-// the broker (Producer.SendHalfAsync); the caller holds a sem token for
-// it, released once the half message is acknowledged or failed for good.
-// A failed first attempt is retried on a goroutine of the sink (resend).
-func (s *ExactlyOnce[T]) enqueue(ep *epochTxn, sl *slot) {
-	ctx, cancel := s.attemptCtx(context.Background())
-	s.p.SendHalfAsync(ctx, sl.m, func(h client.TxHandle, err error) {
-		cancel()
-		if err == nil {
-			sl.h = h
-			s.hook(PhaseHalfSent, ep.epoch)
-			<-s.sem
-			return
-		}
-		if s.cfg.attempts <= 1 || !retryableSend(err) {
-			s.sendFailed(ep, sl, 1, err)
-			return
-		}
-		// MaybeApplied(err): an orphan half message may exist; it is rolled
-		// back by its check-back (not part of the epoch).
-		s.workers.Go(func() { s.resend(ep, sl, err) })
-	})
+// enqueue sends sl (a slot of the open or refreshed epoch) as a half
+// message without waiting for the broker (Producer.SendHalfAsyncTo, the
+// slot receiving the outcome: see halfSent); the caller holds a sem token
+// for it, released once the half message is acknowledged or failed for
+// good. The request is bounded by the producer's send timeout (the
+// client's request timeout, or WithTxSendTimeout's, given to the
+// producer), not by a context per record.
+func (s *ExactlyOnce[T]) enqueue(sl *slot) {
+	s.p.SendHalfAsyncTo(context.Background(), sl.m, sl)
+}
+
+// halfSent is the outcome of sl's first half send (a connection reader
+// goroutine, or enqueue's caller when it failed early). A failed first
+// attempt is retried on a goroutine of the sink (resend).
+func (s *ExactlyOnce[T]) halfSent(sl *slot, h client.TxHandle, err error) {
+	ep := sl.ep
+	if err == nil {
+		sl.h = h
+		s.hook(PhaseHalfSent, ep.epoch)
+		<-s.sem
+		return
+	}
+	if s.cfg.attempts <= 1 || !retryableSend(err) {
+		s.sendFailed(ep, sl, 1, err)
+		return
+	}
+	// MaybeApplied(err): an orphan half message may exist; it is rolled
+	// back by its check-back (not part of the epoch).
+	s.workers.Go(func() { s.resend(ep, sl, err) })
 }
 
 // retryableSend reports whether a failed half send is tried again.
@@ -697,14 +726,14 @@ func (s *ExactlyOnce[T]) refresh(ctx context.Context, ep *epochTxn) error {
 		}
 		sl := ep.slot(i)
 		sl.h = client.TxHandle{}
-		s.enqueue(ep, sl)
+		s.enqueue(sl)
 	}
 	return nil
 }
 
 func (s *ExactlyOnce[T]) openEpoch() *epochTxn {
 	if s.open == nil {
-		s.open = &epochTxn{epoch: s.epoch, tag: strconv.FormatUint(s.epoch, 10)}
+		s.open = &epochTxn{epoch: s.epoch, tag: strconv.FormatUint(s.epoch, 10), onHalf: s.onHalf}
 	}
 	return s.open
 }

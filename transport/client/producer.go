@@ -237,6 +237,7 @@ type Producer struct {
 
 	cmds   sync.Pool // *protocol.Command
 	asyncs sync.Pool // *asyncSend
+	ends   sync.Pool // *asyncEnd
 	bufs   sync.Pool // *[]byte
 	zws    sync.Pool // *zlib.Writer
 
@@ -271,6 +272,7 @@ func NewProducer(c *Client, group string, opts ...ProducerOption) (*Producer, er
 	p := &Producer{c: c, group: group, cfg: cfg, fault: newFaultStrategy(cfg.faultEnabled, cfg.latencyMax, cfg.notAvailable)}
 	p.cmds.New = func() any { return protocol.NewRequest(0) }
 	p.asyncs.New = p.newAsyncSend
+	p.ends.New = p.newAsyncEnd
 	p.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
 	p.unregister = c.registerProducer(group)
 	if cfg.checkListener != nil {
@@ -369,16 +371,20 @@ func (p *Producer) SendAsync(ctx context.Context, cb func(SendResult, error), ms
 		cb(SendResult{}, err)
 		return
 	}
-	p.sendPickedAsync(ctx, &ob, q, addr, cb)
+	p.sendPickedAsync(ctx, &ob, q, addr, cb, nil)
 }
 
 // sendPickedAsync sends ob to queue q at addr without waiting, with one
-// attempt: cb gets the outcome on the connection's reader goroutine (or
-// at once when the connection cannot be had).
-func (p *Producer) sendPickedAsync(ctx context.Context, ob *outbound, q protocol.MessageQueue, addr string, cb func(SendResult, error)) {
+// attempt: cb (a plain send) or half (a half message, given its handle)
+// gets the outcome on the connection's reader goroutine (or at once when
+// the connection cannot be had).
+func (p *Producer) sendPickedAsync(ctx context.Context, ob *outbound, q protocol.MessageQueue, addr string, cb func(SendResult, error), half HalfCallback) {
 	now := time.Now()
 	a := p.asyncs.Get().(*asyncSend)
-	a.cb, a.q, a.addr, a.msgID, a.start = cb, q, addr, ob.msgID, now
+	a.cb, a.half, a.q, a.addr, a.msgID, a.start = cb, half, q, addr, ob.msgID, now
+	if half != nil {
+		a.topic = ob.topic
+	}
 	cn, err := p.c.conn(ctx, addr)
 	if err != nil {
 		a.finish(nil, err)
@@ -396,6 +402,8 @@ func (p *Producer) sendPickedAsync(ctx context.Context, ob *outbound, q protocol
 type asyncSend struct {
 	p          *Producer
 	cb         func(SendResult, error)
+	half       HalfCallback // instead of cb for a half message
+	topic      string       // of the half message (its handle's)
 	q          protocol.MessageQueue
 	addr       string
 	msgID      string
@@ -421,17 +429,29 @@ func (a *asyncSend) response(resp *protocol.Command, err error) {
 // finish records the attempt with the fault strategy, returns a to its
 // pool and calls the user's callback.
 func (a *asyncSend) finish(resp *protocol.Command, err error) {
-	p, cb, q, addr, msgID := a.p, a.cb, a.q, a.addr, a.msgID
+	p, cb, half, topic, q, addr, msgID := a.p, a.cb, a.half, a.topic, a.q, a.addr, a.msgID
 	lat := time.Since(a.start)
-	a.cb, a.q, a.addr, a.msgID = nil, protocol.MessageQueue{}, "", ""
+	a.cb, a.half, a.topic, a.q, a.addr, a.msgID = nil, nil, "", protocol.MessageQueue{}, "", ""
 	p.asyncs.Put(a)
 	if err != nil {
 		p.fault.update(q.BrokerName, lat, true)
+		if half != nil {
+			half.HalfSent(TxHandle{}, sendErr(err))
+			return
+		}
 		cb(SendResult{}, sendErr(err))
 		return
 	}
 	p.fault.update(q.BrokerName, lat, false)
 	res, err := sendResult(resp, msgID, q, addr)
+	if half != nil {
+		if err != nil {
+			half.HalfSent(TxHandle{}, err)
+			return
+		}
+		half.HalfSent(p.halfHandle(topic, res))
+		return
+	}
 	cb(res, err)
 }
 

@@ -104,13 +104,32 @@ func (p *Producer) halfHandle(topic string, res SendResult) (TxHandle, error) {
 // (or on the caller's when the send fails early) and must not block; it
 // must not call Client.Close.
 func (p *Producer) SendHalfAsync(ctx context.Context, msg *Message, cb func(TxHandle, error)) {
+	p.SendHalfAsyncTo(ctx, msg, halfFunc(cb))
+}
+
+// HalfCallback receives the outcome of SendHalfAsyncTo.
+type HalfCallback interface {
+	// HalfSent gets the handle of the stored half message, or the error.
+	HalfSent(h TxHandle, err error)
+}
+
+// halfFunc adapts a function to HalfCallback.
+type halfFunc func(TxHandle, error)
+
+func (f halfFunc) HalfSent(h TxHandle, err error) { f(h, err) }
+
+// SendHalfAsyncTo is SendHalfAsync with its outcome given to cb.HalfSent:
+// a caller that keeps per-message state in a value it already allocated
+// (a pointer implementing HalfCallback) sends without allocating a
+// closure per message. The same rules as SendHalfAsync's callback apply.
+func (p *Producer) SendHalfAsyncTo(ctx context.Context, msg *Message, cb HalfCallback) {
 	if p.closed.Load() {
-		cb(TxHandle{}, ErrClosed)
+		cb.HalfSent(TxHandle{}, ErrClosed)
 		return
 	}
 	var ob outbound
 	if err := p.prepare(&ob, []*Message{msg}, true); err != nil {
-		cb(TxHandle{}, err)
+		cb.HalfSent(TxHandle{}, err)
 		return
 	}
 	defer p.release(&ob)
@@ -119,17 +138,10 @@ func (p *Producer) SendHalfAsync(ctx context.Context, msg *Message, cb func(TxHa
 	}
 	q, addr, err := p.pick(ctx, &ob, "")
 	if err != nil {
-		cb(TxHandle{}, err)
+		cb.HalfSent(TxHandle{}, err)
 		return
 	}
-	topic := msg.Topic
-	p.sendPickedAsync(ctx, &ob, q, addr, func(res SendResult, err error) {
-		if err != nil {
-			cb(TxHandle{}, err)
-			return
-		}
-		cb(p.halfHandle(topic, res))
-	})
+	p.sendPickedAsync(ctx, &ob, q, addr, nil, cb)
 }
 
 // announce sends a heartbeat carrying this producer's group to the
@@ -203,13 +215,39 @@ func (p *Producer) EndTransactionAsync(ctx context.Context, h TxHandle, commit b
 		timeout = p.c.cfg.requestTimeout
 	}
 	p.c.sign(req)
-	msgID := h.MsgID
-	cn.InvokeAsyncTimeout(ctx, req, timeout, func(resp *protocol.Command, err error) {
-		if err != nil {
-			err = &sentError{addr: addr, err: err}
-		}
-		cb(endResult(resp, err, addr, msgID))
-	})
+	a := p.ends.Get().(*asyncEnd)
+	a.cb, a.addr, a.msgID = cb, addr, h.MsgID
+	cn.InvokeAsyncTimeout(ctx, req, timeout, a.onResponse)
+}
+
+// asyncEnd is an EndTransactionAsync awaiting its answer, pooled with its
+// response callback bound once (onResponse), so that an asynchronous
+// END_TRANSACTION allocates no closure.
+type asyncEnd struct {
+	p          *Producer
+	cb         func(error)
+	addr       string
+	msgID      string
+	onResponse func(*protocol.Command, error) // a.response, bound once
+}
+
+func (p *Producer) newAsyncEnd() any {
+	a := &asyncEnd{p: p}
+	a.onResponse = a.response
+	return a
+}
+
+// response is the remoting callback: a transport error comes after the
+// request was handed to the connection. a goes back to its pool before
+// the user's callback runs.
+func (a *asyncEnd) response(resp *protocol.Command, err error) {
+	cb, addr, msgID := a.cb, a.addr, a.msgID
+	a.cb, a.addr, a.msgID = nil, "", ""
+	a.p.ends.Put(a)
+	if err != nil {
+		err = &sentError{addr: addr, err: err}
+	}
+	cb(endResult(resp, err, addr, msgID))
 }
 
 // endRequest returns the END_TRANSACTION request ending h (a pooled
