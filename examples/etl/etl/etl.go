@@ -160,11 +160,25 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// outMessage is an output message together with the storage of its keys
+// and (unless it is longer) its body: one allocation instead of three.
+type outMessage struct {
+	m    client.Message
+	keys [1]string
+	body [outBodyCap]byte
+}
+
+// outBodyCap holds the body of a typical order.
+const outBodyCap = 192
+
 // OutputMessage is the message the job writes for e.
 func OutputMessage(topic string, e *Enriched) *client.Message {
-	m := &client.Message{Topic: topic, Body: AppendJSON(make([]byte, 0, 192), e), Keys: []string{e.ID}, ShardingKey: e.Customer}
-	e.Src.SetOn(m)
-	return m
+	o := new(outMessage)
+	o.keys[0] = e.ID
+	b := AppendJSON(o.body[:0], e)
+	o.m = client.Message{Topic: topic, Body: b[:len(b):len(b)], Keys: o.keys[:], ShardingKey: e.Customer}
+	e.Src.SetOn(&o.m)
+	return &o.m
 }
 
 // DeadLetterMessage is the message the job writes to topic for an order
