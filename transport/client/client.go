@@ -439,8 +439,13 @@ func (c *Client) logger() *slog.Logger { return c.log }
 // the previous one closed). Concurrent callers share one dial. After a
 // failed dial, further attempts wait an exponential backoff (up to
 // maxDialBackoff); a caller whose ctx ends before the backoff would gets the
-// last dial error at once.
+// last dial error at once. A caller that waited (for another caller's dial
+// or for the backoff) and saw a dial fail meanwhile gets that dial's error
+// rather than waiting for the next window: so a call waits at most one
+// backoff and one dial, however many other callers (heartbeats, other
+// sends) keep taking the windows of an unreachable address.
 func (c *Client) conn(ctx context.Context, addr string) (*remoting.Conn, error) {
+	seen := -1 // the slot's failure count when this call first waited
 	for {
 		c.conns.Lock()
 		if c.conns.closed {
@@ -464,7 +469,15 @@ func (c *Client) conn(ctx context.Context, addr string) (*remoting.Conn, error) 
 				return cn, nil
 			}
 		}
+		if seen >= 0 && s.failures > seen {
+			err := s.lastErr
+			c.conns.Unlock()
+			return nil, &unreachableError{addr: addr, err: err}
+		}
 		if ch := s.dialing; ch != nil {
+			if seen < 0 {
+				seen = s.failures
+			}
 			c.conns.Unlock()
 			select {
 			case <-ch:
@@ -475,6 +488,9 @@ func (c *Client) conn(ctx context.Context, addr string) (*remoting.Conn, error) 
 		}
 		if wait := time.Until(s.retryAt); wait > 0 {
 			lastErr := s.lastErr
+			if seen < 0 {
+				seen = s.failures
+			}
 			c.conns.Unlock()
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 				return nil, &unreachableError{addr: addr, err: lastErr}
