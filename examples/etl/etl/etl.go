@@ -88,12 +88,169 @@ type Enriched struct {
 // DecodeOrder decodes an input message into an Order (validation follows
 // in the pipeline).
 func DecodeOrder(m srcmq.Message) (Order, error) {
-	var o Order
+	if o, ok := decodeOrderFast(m.Body); ok {
+		o.Src = mqsink.LineageOf(&m)
+		return o, nil
+	}
+	var o Order // a variable of its own: &o escapes
 	if err := json.Unmarshal(m.Body, &o); err != nil {
 		return Order{}, fmt.Errorf("etl: order is not a JSON object of the schema: %w", err)
 	}
 	o.Src = mqsink.LineageOf(&m)
 	return o, nil
+}
+
+// decodeOrderFast decodes the plain form of an order without reflection
+// and with one allocation (the strings share one copy of b): an object
+// whose keys are exactly the Order fields' names, string values without
+// escapes, control characters or invalid UTF-8, and a JSON number for
+// amount. It returns false for anything else (unknown or differently
+// cased keys, null, escapes, other types, malformed JSON), which
+// encoding/json then decodes: on what it accepts it gives json.Unmarshal's
+// result.
+func decodeOrderFast(b []byte) (Order, bool) {
+	var o Order
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return o, false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return o, skipSpace(b, i+1) == len(b)
+	}
+	var src string // b copied once, on the first string value
+	for {
+		ks, ke, ok := scanString(b, i)
+		if !ok {
+			return o, false
+		}
+		key := b[ks:ke]
+		i = skipSpace(b, ke+1)
+		if i >= len(b) || b[i] != ':' {
+			return o, false
+		}
+		i = skipSpace(b, i+1)
+		if string(key) == "amount" {
+			ne := scanNumber(b, i)
+			if ne == i {
+				return o, false
+			}
+			f, err := strconv.ParseFloat(string(b[i:ne]), 64)
+			if err != nil {
+				return o, false
+			}
+			o.Amount, i = f, ne
+		} else {
+			var dst *string
+			switch string(key) {
+			case "id":
+				dst = &o.ID
+			case "customer":
+				dst = &o.Customer
+			case "currency":
+				dst = &o.Currency
+			case "ts":
+				dst = &o.TS
+			default:
+				return o, false
+			}
+			vs, ve, ok := scanString(b, i)
+			if !ok {
+				return o, false
+			}
+			if src == "" {
+				src = string(b)
+			}
+			*dst, i = src[vs:ve], ve+1
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return o, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case '}':
+			return o, skipSpace(b, i+1) == len(b)
+		default:
+			return o, false
+		}
+	}
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// scanString scans a JSON string at b[i] that needs no unescaping: it
+// returns the bounds of its content (b[e] is the closing quote), or false
+// when b[i] starts no such string (escapes, control characters and
+// invalid UTF-8 are left to encoding/json).
+func scanString(b []byte, i int) (s, e int, ok bool) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, 0, false
+	}
+	s = i + 1
+	ascii := true
+	for e = s; e < len(b); e++ {
+		c := b[e]
+		switch {
+		case c == '"':
+			return s, e, ascii || utf8.Valid(b[s:e])
+		case c == '\\' || c < 0x20:
+			return 0, 0, false
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
+	}
+	return 0, 0, false
+}
+
+// scanNumber returns the end of the JSON number at b[i] (i when there is
+// none): -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
+func scanNumber(b []byte, i int) int {
+	start := i
+	digits := func(j int) int {
+		for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+			j++
+		}
+		return j
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		i = digits(i + 1)
+	default:
+		return start
+	}
+	if i < len(b) && b[i] == '.' {
+		j := digits(i + 1)
+		if j == i+1 {
+			return start
+		}
+		i = j
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		j := i + 1
+		if j < len(b) && (b[j] == '+' || b[j] == '-') {
+			j++
+		}
+		k := digits(j)
+		if k == j {
+			return start
+		}
+		i = k
+	}
+	return i
 }
 
 // EUR converts amount in currency to euros (cents rounded), NaN when the
