@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/runnel-dev/runnel/internal/testutil/cputime"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -156,4 +157,64 @@ func BenchmarkPutTransaction(b *testing.B) {
 			b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/tx")
 		})
 	}
+}
+
+// BenchmarkPutTransactionVolume is BenchmarkPutTransaction's unindexed key
+// set at the volume of an ETL run: run it with a large -benchtime (e.g.
+// 150000x, about 200 MB of records) so that cpu-us/tx includes Pebble's
+// memtable flushes and compactions. Bodies are JSON orders with varying
+// values (zero-filled bodies would make compression look free); final
+// messages go to four queues, as the ETL job's output topic has; 64 calls
+// are in flight, like the pipelined sends of a broker under load.
+func BenchmarkPutTransactionVolume(b *testing.B) {
+	s, err := Open(b.TempDir(), Options{FlushMode: FlushAsync})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const conc = 64
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	cpu0 := cputime.Process()
+	b.ResetTimer()
+	for w := range conc {
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), 1))
+			var half, final [1]PutMessage
+			var body []byte
+			for {
+				i := left.Add(-1)
+				if i < 0 {
+					return
+				}
+				body = fmt.Appendf(body[:0], `{"id":"order-%d","customer":"customer-%d","amount":%d.%02d,"currency":"EUR",`+
+					`"ts":"2026-11-30T%02d:%02d:%02d.%03dZ","customerOrderCount":%d,"amountEUR":%d.%02d,`+
+					`"src":{"topic":"orders","queue":%d,"offset":%d,"group":"etl-%x"},"note":"`,
+					i, rnd.IntN(1000), rnd.IntN(10000), rnd.IntN(100), rnd.IntN(24), rnd.IntN(60), rnd.IntN(60),
+					rnd.IntN(1000), rnd.IntN(500), rnd.IntN(10000), rnd.IntN(100), rnd.IntN(4), rnd.Int64N(1<<40), rnd.Uint64())
+				for len(body) < 598 {
+					body = append(body, "abcdefghijklmnopqrstuvwxyz "[rnd.IntN(27)])
+				}
+				body = append(body, '"', '}')
+				rec, pos := makeRecord("RMQ_SYS_TRANS_HALF_TOPIC", 0, body, false)
+				half[0] = PutMessage{Topic: "RMQ_SYS_TRANS_HALF_TOPIC", Record: rec, StoreTimestampPos: pos}
+				rec, pos = makeRecord("orders-enriched", int32(w%4), body, false)
+				final[0] = PutMessage{Topic: "orders-enriched", QueueID: int32(w % 4), Record: rec, StoreTimestampPos: pos,
+					Keys: []string{fmt.Sprintf("order-%d", i), fmt.Sprintf("0A0000050000%020d", i)}}
+				if _, err := s.Put(context.Background(), half[:]); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := s.Put(context.Background(), final[:]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/tx")
 }
