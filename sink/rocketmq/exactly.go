@@ -657,12 +657,18 @@ func retryableSend(err error) bool {
 // token. It touches only *sl and ep.mu.
 func (s *ExactlyOnce[T]) resend(ep *epochTxn, sl *slot, err error) {
 	ctx := context.Background() // bounded per attempt; the sink's retries bound the whole
+	s.log.Warn("rocketmq sink: half message send failed; retrying", "group", s.group, "epoch", ep.epoch,
+		"attempt", 1, "of", s.cfg.attempts, "err", err)
 	if err = backoff.Sleep(ctx, s.cfg.retry.Delay(0)); err == nil {
-		err = backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts-1, retryableSend, func(int) error {
+		err = backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts-1, retryableSend, func(i int) error {
 			actx, cancel := s.attemptCtx(ctx)
 			defer cancel()
 			h, err := s.p.SendHalf(actx, sl.m)
 			if err != nil {
+				if i+2 < s.cfg.attempts && retryableSend(err) {
+					s.log.Warn("rocketmq sink: half message send failed; retrying", "group", s.group, "epoch", ep.epoch,
+						"attempt", i+2, "of", s.cfg.attempts, "err", err)
+				}
 				return err
 			}
 			sl.h = h
@@ -1036,6 +1042,8 @@ func (s *ExactlyOnce[T]) endRetry(ctx context.Context, h *client.TxHandle, commi
 		if errors.Is(err, errDiscardedHalf) || errors.Is(err, ErrRolledBack) || errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
 			return err
 		}
+		s.log.Warn("rocketmq sink: END_TRANSACTION failed; retrying", "group", s.group, "msgId", h.MsgID,
+			"commit", commit, "attempt", i, "of", s.cfg.attempts, "err", err)
 		if backoff.Sleep(ctx, s.cfg.retry.Delay(i-1)) != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package rocketmq
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -269,8 +270,10 @@ func TestExactlyOnceEndRetryLaneRefused(t *testing.T) {
 	cl.createTopic("eo_refused", 4)
 	// The backoff (100 ms, then 200 ms) leaves the other lanes time to
 	// finish while the refused ones wait.
+	logs := &retryLog{}
 	s, err := NewExactlyOnce(rc.c, TxGroup("job", "refused"), keyedMapper("eo_refused"),
-		WithTxRetry(5, backoff.Policy{Initial: 100 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}))
+		WithTxRetry(5, backoff.Policy{Initial: 100 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}),
+		WithTxLogger(slog.New(logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,6 +322,13 @@ func TestExactlyOnceEndRetryLaneRefused(t *testing.T) {
 	}
 	if st := rc.b.TransactionStats(); st.Committed != endRetryKeys*endRetryPer || st.RolledBack != 0 {
 		t.Fatalf("broker: %+v, want %d committed", st, endRetryKeys*endRetryPer)
+	}
+
+	// Every refused attempt that was retried was logged, with its msgId.
+	for id := range refused {
+		if got := logs.count(id); got != refusals {
+			t.Errorf("%s: %d retry warnings logged, want %d", id, got, refusals)
+		}
 	}
 
 	calls := tap.snapshot()
@@ -695,4 +705,39 @@ func TestCheckExactlyOnceDetects(t *testing.T) {
 			t.Errorf("%s: not detected", name)
 		}
 	}
+}
+
+// retryLog is a slog.Handler counting the sink's END_TRANSACTION retry
+// warnings per msgId.
+type retryLog struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (l *retryLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *retryLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *retryLog) WithGroup(string) slog.Handler            { return l }
+
+func (l *retryLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Level != slog.LevelWarn || !strings.Contains(r.Message, "END_TRANSACTION failed") {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "msgId" {
+			l.mu.Lock()
+			if l.n == nil {
+				l.n = map[string]int{}
+			}
+			l.n[a.Value.String()]++
+			l.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (l *retryLog) count(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n[id]
 }
