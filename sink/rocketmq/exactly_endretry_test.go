@@ -422,18 +422,8 @@ func TestExactlyOnceEndRetryBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = endRetryKeys * endRetryPer
-	txn, _ := writeEpoch(t, s, endRetryKeys, endRetryPer)
-
 	ctx := context.Background()
-	if err := s.StartCommit(ctx, txn); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-tap.held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the commit never reached the broker's cut-off")
-	}
-	old := rc.kill()
+	_, old := commitUntilCutOff(t, s, tap, rc)
 	time.Sleep(200 * time.Millisecond)
 	tap2 := newEndTap()
 	rc.restart(tapOption(tap2), broker.WithTransactionTimeout(200*time.Millisecond),
@@ -537,18 +527,8 @@ func brokerGone(t *testing.T, sendTimeout time.Duration, opts ...TxOption) {
 		t.Fatal(err)
 	}
 	const n = endRetryKeys * endRetryPer
-	txn, _ := writeEpoch(t, s, endRetryKeys, endRetryPer)
-
 	ctx := context.Background()
-	if err := s.StartCommit(ctx, txn); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-tap.held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the commit never reached the broker's cut-off")
-	}
-	old := rc.kill()
+	txn, old := commitUntilCutOff(t, s, tap, rc)
 	start := time.Now()
 	err = s.WaitCommits(ctx)
 	took := time.Since(start)
@@ -740,4 +720,22 @@ func (l *retryLog) count(id string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.n[id]
+}
+
+// commitUntilCutOff writes an epoch of endRetryKeys × endRetryPer records,
+// starts its commit, waits until tap holds the broker's answers (its
+// cut-off) and kills the broker; it returns the epoch's transaction and
+// the killed broker's stats.
+func commitUntilCutOff(t *testing.T, s *ExactlyOnce[keyed], tap *endTap, rc *restartCluster) ([]byte, broker.TransactionStats) {
+	t.Helper()
+	txn, _ := writeEpoch(t, s, endRetryKeys, endRetryPer)
+	if err := s.StartCommit(context.Background(), txn); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tap.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the commit never reached the broker's cut-off")
+	}
+	return txn, rc.kill()
 }
