@@ -46,14 +46,7 @@ func RunCluster(t testing.TB, opts ...broker.Option) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
+	ns := StartNameServer(ctx, t)
 	bopts := append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
 		broker.WithBrokerName(BrokerName), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, opts...)
 	b, err := broker.New(bopts...)
@@ -67,6 +60,21 @@ func RunCluster(t testing.TB, opts ...broker.Option) *Cluster {
 	cl := &Cluster{NameServer: ns.Addr(), BrokerAddr: b.Addr(), Broker: b}
 	cl.waitRegistered(t, ctx)
 	return cl
+}
+
+// StartNameServer starts a name server on 127.0.0.1:0 with its KV config in
+// t.TempDir() and registers t.Cleanup to close it; it fails t on any error.
+func StartNameServer(ctx context.Context, t testing.TB) *namesrv.Server {
+	t.Helper()
+	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Close() })
+	return ns
 }
 
 // waitRegistered polls the name server until it lists the broker's

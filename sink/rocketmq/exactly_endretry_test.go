@@ -117,14 +117,7 @@ func newRestartCluster(t *testing.T, bopts ...broker.Option) *restartCluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
+	ns := testutil.StartNameServer(ctx, t)
 	rc := &restartCluster{t: t, ns: ns, dir: t.TempDir()}
 	rc.start("127.0.0.1:0", bopts...)
 	rc.addr = rc.b.Addr()
