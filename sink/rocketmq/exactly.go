@@ -647,6 +647,13 @@ func (s *ExactlyOnce[T]) halfSent(sl *slot, h client.TxHandle, err error) {
 	s.workers.Go(func() { s.resend(ep, sl, err) })
 }
 
+// warnResend logs that attempt (1-based) of a half send of ep failed with
+// err and is tried again.
+func (s *ExactlyOnce[T]) warnResend(ep *epochTxn, attempt int, err error) {
+	s.log.Warn("rocketmq sink: half message send failed; retrying", "group", s.group, "epoch", ep.epoch,
+		"attempt", attempt, "of", s.cfg.attempts, "err", err)
+}
+
 // retryableSend reports whether a failed half send is tried again.
 func retryableSend(err error) bool {
 	return !errors.Is(err, client.ErrInvalidMessage) && !errors.Is(err, client.ErrClosed)
@@ -657,8 +664,7 @@ func retryableSend(err error) bool {
 // token. It touches only *sl and ep.mu.
 func (s *ExactlyOnce[T]) resend(ep *epochTxn, sl *slot, err error) {
 	ctx := context.Background() // bounded per attempt; the sink's retries bound the whole
-	s.log.Warn("rocketmq sink: half message send failed; retrying", "group", s.group, "epoch", ep.epoch,
-		"attempt", 1, "of", s.cfg.attempts, "err", err)
+	s.warnResend(ep, 1, err)
 	if err = backoff.Sleep(ctx, s.cfg.retry.Delay(0)); err == nil {
 		err = backoff.Retry(ctx, s.cfg.retry, s.cfg.attempts-1, retryableSend, func(i int) error {
 			actx, cancel := s.attemptCtx(ctx)
@@ -666,8 +672,7 @@ func (s *ExactlyOnce[T]) resend(ep *epochTxn, sl *slot, err error) {
 			h, err := s.p.SendHalf(actx, sl.m)
 			if err != nil {
 				if i+2 < s.cfg.attempts && retryableSend(err) {
-					s.log.Warn("rocketmq sink: half message send failed; retrying", "group", s.group, "epoch", ep.epoch,
-						"attempt", i+2, "of", s.cfg.attempts, "err", err)
+					s.warnResend(ep, i+2, err)
 				}
 				return err
 			}

@@ -559,16 +559,7 @@ func brokerGone(t *testing.T, sendTimeout time.Duration, opts ...TxOption) {
 	if visible < old.Committed || visible > before {
 		t.Fatalf("%d records visible before recovery; the first broker counted %d commits (cut-off %d)", visible, old.Committed, before)
 	}
-	s2, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_gone"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.Recover(ctx, [][]byte{txn}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.Commit(ctx, txn); err != nil {
-		t.Fatalf("recovery commit: %v", err)
-	}
+	s2 := recoverCommit(t, rc, group, "eo_gone", txn)
 	if err := checkExactlyOnce(cl.readTopic("eo_gone"), endRetryKeys, endRetryPer); err != nil {
 		t.Fatal(err)
 	}
@@ -638,16 +629,7 @@ func TestExactlyOnceEndRetryRefusedForGood(t *testing.T) {
 	tap.mu.Lock()
 	tap.refuse[bad] = 0
 	tap.mu.Unlock()
-	s2, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_forgood"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.Recover(ctx, [][]byte{txn}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.Commit(ctx, txn); err != nil {
-		t.Fatal(err)
-	}
+	s2 := recoverCommit(t, rc, group, "eo_forgood", txn)
 	if err := checkExactlyOnce(cl.readTopic("eo_forgood"), keys, per); err != nil {
 		t.Fatal(err)
 	}
@@ -731,4 +713,22 @@ func commitUntilCutOff(t *testing.T, s *ExactlyOnce[keyed], tap *endTap, rc *res
 		t.Fatal("the commit never reached the broker's cut-off")
 	}
 	return txn, rc.kill()
+}
+
+// recoverCommit starts a new sink of group writing topic, as a restarted
+// job would, recovers it from the checkpointed txn and commits txn.
+func recoverCommit(t *testing.T, rc *restartCluster, group, topic string, txn []byte) *ExactlyOnce[keyed] {
+	t.Helper()
+	ctx := context.Background()
+	s, err := NewExactlyOnce(rc.c, group, keyedMapper(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Recover(ctx, [][]byte{txn}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, txn); err != nil {
+		t.Fatalf("recovery commit: %v", err)
+	}
+	return s
 }

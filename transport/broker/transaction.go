@@ -790,11 +790,6 @@ type endScratch struct {
 	msgs  [2]*InboundMessage
 }
 
-// reset clears sc for reuse, keeping the properties buffer.
-func (sc *endScratch) reset() {
-	*sc = endScratch{props: sc.props[:0]}
-}
-
 // ended records that half ended with want (its records are stored).
 func (t *transactions) ended(half *protocol.MessageExt, want txState) {
 	if want == txCommitted {
@@ -918,8 +913,7 @@ func newPendingEnd() any {
 // release clears pe and returns it to the pool.
 func (pe *pendingEnd) release() {
 	t, done := pe.t, pe.doneFn
-	pe.sc.reset()
-	*pe = pendingEnd{sc: pe.sc, doneFn: done}
+	*pe = pendingEnd{sc: endScratch{props: pe.sc.props[:0]}, doneFn: done} // the properties buffer is kept
 	t.ends.Put(pe)
 }
 

@@ -12,6 +12,20 @@ import (
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
+// rawRoundTrip writes req with st headers on nc and reads the answer's
+// frame (see readRawFrame).
+func rawRoundTrip(t *testing.T, nc net.Conn, br *bufio.Reader, req *protocol.Command, st protocol.SerializeType) (protocol.SerializeType, *protocol.Command) {
+	t.Helper()
+	f, err := req.AppendFrame(nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Write(f); err != nil {
+		t.Fatal(err)
+	}
+	return readRawFrame(t, nc, br)
+}
+
 // readRawFrame reads one whole frame from br (within 10 s of nc's deadline)
 // and returns its serialize-type byte and the decoded command.
 func readRawFrame(t *testing.T, nc net.Conn, br *bufio.Reader) (protocol.SerializeType, *protocol.Command) {
@@ -66,14 +80,7 @@ func TestResponseFollowsRequestEncoding(t *testing.T) {
 				req := echoReq(i)
 				req.Opaque = int32(i + 1)
 				req.Language, req.Version = protocol.LanguageJava, protocol.CurrentVersion
-				f, err := req.AppendFrame(nil, st)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := nc.Write(f); err != nil {
-					t.Fatal(err)
-				}
-				got, resp := readRawFrame(t, nc, br)
+				got, resp := rawRoundTrip(t, nc, br, req, st)
 				if want := fixed.want(st); got != want {
 					t.Fatalf("request %d in type %d answered in type %d, want %d", i, st, got, want)
 				}
@@ -97,14 +104,7 @@ func TestSystemErrorFollowsRequestEncoding(t *testing.T) {
 	for i, st := range []protocol.SerializeType{protocol.SerializeRocketMQ, protocol.SerializeJSON} {
 		req := protocol.NewRequest(codeErr)
 		req.Opaque = int32(i + 1)
-		f, err := req.AppendFrame(nil, st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := nc.Write(f); err != nil {
-			t.Fatal(err)
-		}
-		got, resp := readRawFrame(t, nc, br)
+		got, resp := rawRoundTrip(t, nc, br, req, st)
 		if got != st || resp.Code != protocol.ResSystemError || resp.Remark != fmt.Sprintf("boom %d", i+1) {
 			t.Fatalf("type %d: answered type %d code %d remark %q", st, got, resp.Code, resp.Remark)
 		}
