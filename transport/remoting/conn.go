@@ -86,6 +86,9 @@ type Stats struct {
 	FramesOut        int64 // frames handed to the socket
 	BytesIn          int64 // bytes read from the socket
 	BytesOut         int64 // bytes of frames handed to the socket
+	// CallerReads counts the sync calls whose response their caller read
+	// itself (WithCallerReads) rather than the reader goroutine.
+	CallerReads int64
 }
 
 // call is one pending request: a sync call (ch) or an async one (cb).
@@ -118,7 +121,8 @@ type outFrame struct {
 //
 // A Conn runs three kinds of goroutines, all joined by Close: one reader
 // (bufio, decodes frames, completes pending calls, hands incoming requests to
-// handler goroutines), a writer while frames are queued (drains the bounded
+// handler goroutines; between sync calls it may leave the reading to the
+// callers themselves, see WithCallerReads), a writer while frames are queued (drains the bounded
 // write queue and coalesces frames into one buffered write; started when a
 // frame is queued, gone once the queue is empty), and up to
 // WithMaxConcurrentHandlers handler goroutines. On a plain TCP connection
@@ -196,12 +200,37 @@ type Conn struct {
 	queued   atomic.Int64 // frames enqueued but not yet flushed
 	queuedB  atomic.Int64 // bytes of frames enqueued but not yet written
 	handling atomic.Int64 // server side: requests being processed or deferred
-	// stash holds the bytes of a partial frame while the reader waits for
-	// the rest without a buffer (readLoop); the reader's alone.
-	stash []byte
-	// readFailed is set by the reader once a socket read failed (EOF
-	// included): no more bytes will come.
-	readFailed bool
+	// The read side's state, used only by the goroutine holding the read
+	// side (rd; the reader goroutine, or a caller reading its own
+	// response): the read buffer (pooled; nil while no bytes are
+	// buffered), stash holds the bytes of a partial frame while the holder
+	// waits for the rest without a buffer, midFrame tells that a frame is
+	// being read in parts, readFailed that a socket read failed (EOF
+	// included: no more bytes will come), deadlineSet when the idle read
+	// deadline was last pushed forward, rdLimit the read deadline of the
+	// holding caller's call (zero for the reader goroutine), rdForce that
+	// the read deadline must be set anew (the holder changed).
+	rbr         *bufio.Reader
+	stash       []byte
+	midFrame    bool
+	readFailed  bool
+	deadlineSet time.Time
+	rdLimit     time.Time
+	rdForce     bool
+	// rd tells who holds the read side (callerread.go).
+	rd struct {
+		sync.Mutex
+		holder      atomic.Int32 // rdLoop, rdCaller or rdNone; changed under the mutex
+		gen         uint64       // counts the callers that took the read side
+		interrupted bool         // the holding caller's ctx ended (see interruptRead)
+	}
+	// callerReads: a sync call may read its own response (client Conns on
+	// plain TCP; WithCallerReads).
+	callerReads bool
+	// rdWake hands the read side back to the reader goroutine (a token:
+	// the reader checks rd.holder when it wakes).
+	rdWake  chan struct{}
+	rdTimer *time.Timer // the reader goroutine's, while the read side is unheld
 	// readAhead is set by the reader when bytes past the frame it just read
 	// are buffered (the peer sent more already); see ReadAhead.
 	readAhead atomic.Bool
@@ -209,6 +238,7 @@ type Conn struct {
 	inflight, dropped, rejected         atomic.Int64
 	framesIn, framesOut, bytesIn, bytes atomic.Int64
 	cut                                 atomic.Int64 // direct writes the socket took only part of
+	callerRead                          atomic.Int64 // Stats.CallerReads
 	// writeLoopFn is writeLoop bound once, so that starting the writer
 	// allocates no closure.
 	writeLoopFn func()
@@ -262,6 +292,7 @@ func NewConn(nc net.Conn, opts ...Option) (*Conn, error) {
 func startClientConn(nc net.Conn, cfg connConfig) *Conn {
 	c := newConn(context.Background(), nc, cfg)
 	c.dispatch = c.dispatchHandler
+	c.callerReads = c.sock != nil && !cfg.noCallerReads
 	c.wg.Add(1)
 	go pprof.Do(c.ctx, pprof.Labels("remoting", "reader"), func(context.Context) {
 		defer c.wg.Done()
@@ -293,6 +324,7 @@ func newConn(parent context.Context, nc net.Conn, cfg connConfig) *Conn {
 		sock:       newSockUnless(cfg.noSock, nc),
 		work:       make(chan *protocol.Command),
 		quit:       make(chan struct{}),
+		rdWake:     make(chan struct{}, 1),
 	}
 	c.ctx, c.cancel = context.WithCancel(parent)
 	c.writeLoopFn = c.writeLoop
@@ -343,6 +375,7 @@ func (c *Conn) Stats() Stats {
 		FramesOut:        c.framesOut.Load(),
 		BytesIn:          c.bytesIn.Load(),
 		BytesOut:         c.bytes.Load(),
+		CallerReads:      c.callerRead.Load(),
 	}
 }
 
@@ -830,9 +863,16 @@ func (c *Conn) invoke(ctx context.Context, req *protocol.Command, deadline time.
 		c.calls.Put(cl)
 		return nil, callErr(req, err)
 	}
+	gen, reads := c.takeRead(cl)
 	bp, err := c.encode(req)
 	if err == nil {
 		err = c.enqueue(ctx, outFrame{buf: bp})
+	}
+	if reads {
+		if err == nil {
+			return c.readOwn(ctx, req, cl, gen)
+		}
+		c.releaseRead(false)
 	}
 	if err != nil {
 		if _, ok := c.take(cl); ok {
@@ -876,9 +916,11 @@ func (c *Conn) invoke(ctx context.Context, req *protocol.Command, deadline time.
 //
 // Where cb runs: on the caller's goroutine, before InvokeAsync returns, when
 // the request could not be sent (ctx ended while waiting, Conn closed,
-// encoding error); on the Conn's reader goroutine when the response arrives
-// (so cb must not block: hand long work to another goroutine, and never call
-// Close from it); on a goroutine of context.AfterFunc when ctx ends first;
+// encoding error); on the goroutine reading the Conn when the response
+// arrives: its reader goroutine, or a sync caller reading its own response
+// (WithCallerReads) (so cb must not block: hand long work to another
+// goroutine, and never call Close or a sync Invoke of the same Conn from
+// it); on a goroutine of context.AfterFunc when ctx ends first;
 // on the goroutine that closes the Conn otherwise. cb owns the response.
 func (c *Conn) InvokeAsync(ctx context.Context, req *protocol.Command, cb func(resp *protocol.Command, err error)) {
 	c.invokeAsync(ctx, req, time.Time{}, cb)
@@ -917,6 +959,7 @@ func (c *Conn) invokeAsync(ctx context.Context, req *protocol.Command, deadline 
 		cb(nil, callErr(req, err))
 		return
 	}
+	c.needReader()
 	code, opaque := req.Code, req.Opaque
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() {
@@ -1190,7 +1233,45 @@ func (c *Conn) frameShortfall(br *bufio.Reader) int {
 	return need - have
 }
 
-// readLoop reads frames until the connection fails, and returns the cause.
+// readLoop is the reader goroutine: it reads frames and handles them
+// until the connection fails, and returns the cause. On a client Conn it
+// leaves the read side to sync callers between calls (yieldRead).
+func (c *Conn) readLoop() error {
+	defer c.dropReadBuf()
+	for {
+		cmd, err := c.nextFrame()
+		if err != nil {
+			return c.readError(err)
+		}
+		if c.handleFrame(cmd) && c.callerReads {
+			if c.yieldRead() {
+				return c.closedErr()
+			}
+		}
+	}
+}
+
+// dropReadBuf gives the read buffer back to its pool. Only the holder of
+// the read side.
+func (c *Conn) dropReadBuf() {
+	if c.rbr != nil {
+		putReader(c.rbr)
+		c.rbr = nil
+	}
+}
+
+// handleFrame completes the call the response cmd answers, or serves the
+// request cmd. It reports whether it completed a sync call.
+func (c *Conn) handleFrame(cmd *protocol.Command) bool {
+	if cmd.IsResponse() {
+		return c.deliver(cmd)
+	}
+	c.handleRequest(cmd)
+	return false
+}
+
+// nextFrame reads the next frame; only the holder of the read side calls
+// it.
 //
 // On a plain TCP connection the read buffer is held only while bytes are
 // buffered or a frame is being read: when a frame ends the buffer empty,
@@ -1202,73 +1283,73 @@ func (c *Conn) frameShortfall(br *bufio.Reader) int {
 // aside (c.stash), the buffer given back, and the reader waits for the
 // rest (sock.waitQueued), so that a peer trickling a frame in holds no
 // buffer and wakes the reader a few times per frame, not once per byte.
-func (c *Conn) readLoop() error {
-	var br *bufio.Reader
-	defer func() {
-		if br != nil {
-			putReader(br)
-		}
-	}()
-	// The read deadline is pushed forward only when it has aged by a
-	// sixteenth of the idle timeout, sparing a syscall-side timer update per
-	// frame: a peer thus gets between 15/16 and all of the idle timeout.
-	// A frame waited for in parts (midFrame) keeps the deadline set
-	// before its first byte, as one read of it would.
-	idle := c.cfg.idleTimeout
-	var deadlineSet time.Time
-	midFrame := false
+func (c *Conn) nextFrame() (*protocol.Command, error) {
 	for {
-		if idle > 0 && !midFrame {
-			if now := time.Now(); now.Sub(deadlineSet) > idle/16 {
-				_ = c.nc.SetReadDeadline(now.Add(idle)) // fails only once closed; the read then fails
-				deadlineSet = now
-			}
-		}
-		if c.sock != nil && (br == nil || br.Buffered() == 0) {
-			if br != nil {
-				putReader(br)
-				br = nil
-			}
+		c.armReadDeadline()
+		if c.sock != nil && (c.rbr == nil || c.rbr.Buffered() == 0) {
+			c.dropReadBuf()
 			if err := c.sock.waitReadable(); err != nil {
-				return c.readError(err)
+				return nil, err
 			}
 		}
-		if br == nil {
-			br = getReader(frameSource{c})
+		if c.rbr == nil {
+			c.rbr = getReader(frameSource{c})
 		}
 		if c.sock != nil && frameWaitSupported {
-			if short := c.frameShortfall(br); short > 0 {
+			if short := c.frameShortfall(c.rbr); short > 0 {
 				// A partial frame, the rest not queued: set its bytes
 				// aside and give the buffer back until the rest is there.
-				b, _ := br.Peek(br.Buffered()) // buffered: cannot fail
+				b, _ := c.rbr.Peek(c.rbr.Buffered()) // buffered: cannot fail
 				c.stash = append(c.stash[:0], b...)
-				putReader(br)
-				br = nil
+				c.dropReadBuf()
+				c.midFrame = true
 				if err := c.sock.waitQueued(short); err != nil {
-					return c.readError(err)
+					return nil, err
 				}
-				midFrame = true
 				continue
 			}
 		}
-		cmd, err := protocol.ReadFrame(br, c.cfg.maxFrame)
+		cmd, err := protocol.ReadFrame(c.rbr, c.cfg.maxFrame)
 		if err != nil {
-			return c.readError(err)
+			return nil, err
 		}
-		midFrame = false
+		c.midFrame = false
 		c.framesIn.Add(1)
-		if more := br.Buffered() > 0; more != c.readAhead.Load() {
+		if more := c.rbr.Buffered() > 0; more != c.readAhead.Load() {
 			c.readAhead.Store(more)
 		}
 		for _, h := range c.hooks.read {
 			h.OnFrameRead(c, cmd)
 		}
-		if cmd.IsResponse() {
-			c.deliver(cmd)
-		} else {
-			c.handleRequest(cmd)
-		}
+		return cmd, nil
 	}
+}
+
+// armReadDeadline sets the socket's read deadline: the idle timeout from
+// now, or the holding caller's call deadline when that is earlier. The
+// idle deadline is pushed forward only when it has aged by a sixteenth of
+// the idle timeout, sparing a syscall-side timer update per frame: a peer
+// thus gets between 15/16 and all of the idle timeout. A frame waited for
+// in parts (midFrame) keeps the deadline set before its first byte, as one
+// read of it would, unless the read side changed hands (rdForce).
+func (c *Conn) armReadDeadline() {
+	idle := c.cfg.idleTimeout
+	if !c.rdForce && (idle <= 0 || c.midFrame) {
+		return
+	}
+	now := time.Now()
+	if !c.rdForce && now.Sub(c.deadlineSet) <= idle/16 {
+		return
+	}
+	var dl time.Time
+	if idle > 0 {
+		dl = now.Add(idle)
+	}
+	if lim := c.rdLimit; !lim.IsZero() && (dl.IsZero() || lim.Before(dl)) {
+		dl = lim
+	}
+	_ = c.nc.SetReadDeadline(dl) // fails only once closed; the read then fails
+	c.deadlineSet, c.rdForce = now, false
 }
 
 // readError classifies and logs a read failure, returning the close cause.
@@ -1312,8 +1393,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// deliver completes the pending call resp answers, or drops resp.
-func (c *Conn) deliver(resp *protocol.Command) {
+// deliver completes the pending call resp answers, or drops resp. It
+// reports whether it completed a sync call.
+func (c *Conn) deliver(resp *protocol.Command) bool {
 	c.mu.Lock()
 	cl, ok := c.mu.pending[resp.Opaque]
 	var stop func() bool
@@ -1329,9 +1411,11 @@ func (c *Conn) deliver(resp *protocol.Command) {
 	if !ok {
 		c.dropped.Add(1)
 		c.log.Debug("remoting: dropped response with unknown opaque", "opaque", resp.Opaque, "code", resp.Code)
-		return
+		return false
 	}
+	sync := cl.cb == nil
 	c.complete(cl, stop, resp, nil)
+	return sync
 }
 
 // handleRequest serves req on the reader goroutine when the server's

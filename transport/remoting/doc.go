@@ -27,7 +27,10 @@
 // # Goroutines and bounds
 //
 // Each connection has one reader goroutine (bufio, one allocation per frame
-// for its bytes plus the decoded Command), a writer goroutine while frames
+// for its bytes plus the decoded Command; on a client's plain TCP
+// connection, a sync call made while nothing else is in flight reads its
+// own response instead, sparing the hand-off, see WithCallerReads), a
+// writer goroutine while frames
 // are queued (drains a bounded queue, coalescing queued frames into one
 // buffered write per batch; it ends when the queue is empty),
 // and at most WithMaxConcurrentHandlers goroutines running incoming requests.

@@ -9,8 +9,10 @@ import "github.com/runnel-dev/runnel/transport/protocol"
 // must not block.
 type Hook any
 
-// HookFrameRead is called on the reader goroutine for every frame read and
-// decoded, before it is dispatched. cmd must not be retained or modified.
+// HookFrameRead is called on the goroutine reading the connection (its
+// reader goroutine, or a sync caller reading its own response: see
+// WithCallerReads) for every frame read and decoded, before it is
+// dispatched. cmd must not be retained or modified.
 type HookFrameRead interface {
 	OnFrameRead(c *Conn, cmd *protocol.Command)
 }

@@ -119,6 +119,8 @@ type connConfig struct {
 	// other: every frame goes through the writer goroutine and the read
 	// buffer is kept, as before direct writes existed.
 	noSock bool
+	// noCallerReads: WithCallerReads(false).
+	noCallerReads bool
 }
 
 func defaultConnConfig() connConfig {
@@ -265,8 +267,9 @@ func WithVersion(v int32) CommonOption {
 }
 
 // WithHooks adds hooks: values implementing one or more of the Hook…
-// interfaces. Hooks are called synchronously on the connection's reader or
-// writer goroutine and must be fast.
+// interfaces. Hooks are called synchronously on the goroutine reading or
+// writing the connection (its reader or writer goroutine, or a caller
+// writing its request or reading its own response) and must be fast.
 func WithHooks(hooks ...Hook) CommonOption {
 	return commonOpt(func(c *connConfig) { c.hooks = append(c.hooks, hooks...) })
 }
@@ -290,6 +293,17 @@ func WithMaxInFlightOneway(n int) Option {
 // such requests are answered with REQUEST_CODE_NOT_SUPPORTED.
 func WithRequestHandler(h RequestHandler) Option {
 	return connOpt(func(c *connConfig) { c.handler = h })
+}
+
+// WithCallerReads sets whether a sync call (Invoke, InvokeTimeout) may read
+// its own response on the calling goroutine when nothing else is in
+// flight on the connection, instead of waiting for the connection's reader
+// goroutine to hand it over (on by default; plain TCP connections only).
+// It spares each round trip the wake-up of another thread the hand-off
+// costs. Meanwhile requests from the peer are read by that caller, or by
+// the reader goroutine at most a millisecond after the last such call.
+func WithCallerReads(on bool) Option {
+	return connOpt(func(c *connConfig) { c.noCallerReads = !on })
 }
 
 // serverConfig is a Server's configuration.
