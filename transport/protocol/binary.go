@@ -16,8 +16,12 @@ const binaryFixedLen = 21
 //	code int16 | language uint8 | version int16 | opaque int32 | flag int32 |
 //	remarkLen int32 | remark | extLen int32 | { keyLen int16 | key | valLen int32 | val }
 //
-// An empty remark is written with length 0, as Java writes a null one.
-// extFields are written in c's order.
+// An empty remark is written with length 0, as Java writes a null or empty
+// one. An empty extField value is written with length 0 too, as Java's
+// encoder writes an empty (non-null) string; Java 4.9.4 and later read it
+// back as null, the same as an absent key for every header decoder, while
+// 4.9.3 and earlier read "" (see binary_java_test.go). extFields are
+// written in c's order.
 func (c *Command) appendBinaryHeader(dst []byte) ([]byte, error) {
 	if c.Code < math.MinInt16 || c.Code > math.MaxInt16 {
 		return dst, fmt.Errorf("%w: code %d does not fit the int16 of a ROCKETMQ header", ErrUnencodable, c.Code)
@@ -66,8 +70,12 @@ func (c *Command) appendBinaryHeader(dst []byte) ([]byte, error) {
 // Every length is checked against the bytes that remain before use; a
 // negative length, a length running past h, trailing bytes after the
 // extFields section or more than MaxExtFields entries is an error wrapping
-// ErrMalformedFrame. Strings alias h. Zero-length strings decode as "" where
-// Java yields null; for a header the two mean the same.
+// ErrMalformedFrame. Strings alias h. A zero-length remark decodes as "", and
+// a zero-length extField value as a present "": what the JSON encoding
+// carries for an empty string, where Java 4.9.4+ (RocketMQSerializable.readStr)
+// yields null, as for an absent key. A required field sent empty thus
+// satisfies runnel's header decoders but is null to a Java one (which only
+// logs it).
 //
 // A section of at most lazyMaxExt valid entries is kept unsplit
 // (see Command); a longer one is split into c.ext at once.
