@@ -228,6 +228,13 @@ func (c *Conn) interruptRead(gen uint64) {
 // outcome; toLoop tells that the reader goroutine should take over (the
 // caller stopped before its response: a late one will come).
 func (c *Conn) readUntil(ctx context.Context, cl *call) (resp *protocol.Command, err error, toLoop bool) {
+	select {
+	case r := <-cl.ch:
+		// The reader goroutine read the response before it left the read
+		// side unheld.
+		return r.resp, r.err, false
+	default:
+	}
 	for {
 		cmd, rerr := c.nextFrame()
 		if rerr != nil {

@@ -863,16 +863,16 @@ func (c *Conn) invoke(ctx context.Context, req *protocol.Command, deadline time.
 		c.calls.Put(cl)
 		return nil, callErr(req, err)
 	}
-	gen, reads := c.takeRead(cl)
 	bp, err := c.encode(req)
 	if err == nil {
 		err = c.enqueue(ctx, outFrame{buf: bp})
 	}
-	if reads {
-		if err == nil {
+	// The read side is taken once the request is out, not while it waits
+	// for queue room: the reader goroutine may be needed meanwhile.
+	if err == nil {
+		if gen, ok := c.takeRead(cl); ok {
 			return c.readOwn(ctx, req, cl, gen)
 		}
-		c.releaseRead(false)
 	}
 	if err != nil {
 		if _, ok := c.take(cl); ok {
