@@ -199,21 +199,27 @@ func BenchmarkRoundTripDirect(b *testing.B) {
 //
 // impl=conn writes JSON headers (and is answered in JSON); impl=conn-rmq
 // writes ROCKETMQ binary headers, as runnel's client does by default, and
-// is answered in them.
+// is answered in them. Both let the caller read its own response
+// (WithCallerReads, the default); impl=conn-rmq-hop is conn-rmq with the
+// responses handed over by the Conn's reader goroutine instead.
 func BenchmarkRoundTripFloor(b *testing.B) {
-	for _, st := range []protocol.SerializeType{protocol.SerializeJSON, protocol.SerializeRocketMQ} {
-		name := "impl=conn"
-		if st == protocol.SerializeRocketMQ {
-			name = "impl=conn-rmq"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, row := range []struct {
+		name        string
+		st          protocol.SerializeType
+		callerReads bool
+	}{
+		{"impl=conn", protocol.SerializeJSON, true},
+		{"impl=conn-rmq", protocol.SerializeRocketMQ, true},
+		{"impl=conn-rmq-hop", protocol.SerializeRocketMQ, false},
+	} {
+		b.Run(row.name, func(b *testing.B) {
 			s, addr := newTestServer(b)
 			s.HandleInline(500, ProcessorFunc(func(ctx context.Context, rc *RequestCtx) (*protocol.Command, error) {
 				resp := protocol.NewResponse(rc.Request(), 0, "")
 				resp.SetExt("queueOffset", "42")
 				return resp, nil
 			}))
-			benchInvokeLoop(b, dialT(b, addr, WithSerializeType(st)))
+			benchInvokeLoop(b, dialT(b, addr, WithSerializeType(row.st), WithCallerReads(row.callerReads)))
 		})
 	}
 	for _, hop := range []bool{false, true} {

@@ -2,6 +2,7 @@ package remoting
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -205,12 +206,20 @@ func (c *Conn) readOwn(ctx context.Context, req *protocol.Command, cl *call, gen
 	if stop != nil {
 		stop()
 	}
+	if err == errHandedOff {
+		// The reader goroutine reads on; wait for it as any caller.
+		return c.await(ctx, req, cl)
+	}
 	c.calls.Put(cl)
 	if err != nil {
 		return nil, callErr(req, err)
 	}
 	return resp, nil
 }
+
+// errHandedOff tells readOwn that its caller met a frame it leaves to the
+// reader goroutine (readUntil), and must wait for its response as usual.
+var errHandedOff = errors.New("remoting: read side handed to the reader")
 
 // interruptRead, run when a reading caller's ctx ends, wakes the caller of
 // generation gen from its socket read, if it still holds the read side.
@@ -227,6 +236,13 @@ func (c *Conn) interruptRead(gen uint64) {
 // readUntil reads and handles frames until cl is complete, and returns its
 // outcome; toLoop tells that the reader goroutine should take over (the
 // caller stopped before its response: a late one will come).
+//
+// A caller completes sync calls (a send on a buffered channel) and hands
+// requests to handler goroutines, as the reader does, but it does not run
+// InvokeAsync callbacks: they are code of the Conn's user, which may wait
+// for the very goroutine that is calling. Such a response is left to the
+// reader goroutine (c.handoff) with the read side, and readUntil returns
+// errHandedOff.
 func (c *Conn) readUntil(ctx context.Context, cl *call) (resp *protocol.Command, err error, toLoop bool) {
 	select {
 	case r := <-cl.ch:
@@ -265,6 +281,10 @@ func (c *Conn) readUntil(ctx context.Context, cl *call) (resp *protocol.Command,
 			r := <-cl.ch
 			return r.resp, r.err, false
 		}
+		if cmd.IsResponse() && c.isAsync(cmd.Opaque) {
+			c.handoff = cmd
+			return nil, errHandedOff, true
+		}
 		c.handleFrame(cmd)
 		select {
 		case r := <-cl.ch: // the sweep or the close completed it
@@ -281,4 +301,12 @@ func (c *Conn) abandon(cl *call, err error) (*protocol.Command, error) {
 	}
 	r := <-cl.ch
 	return r.resp, r.err
+}
+
+// isAsync reports whether opaque is that of a pending InvokeAsync call.
+func (c *Conn) isAsync(opaque int32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl, ok := c.mu.pending[opaque]
+	return ok && cl.cb != nil
 }

@@ -217,6 +217,9 @@ type Conn struct {
 	deadlineSet time.Time
 	rdLimit     time.Time
 	rdForce     bool
+	// handoff is a frame a caller read and left to the reader goroutine
+	// (see readUntil): the next frame nextFrame returns.
+	handoff *protocol.Command
 	// rd tells who holds the read side (callerread.go).
 	rd struct {
 		sync.Mutex
@@ -884,6 +887,12 @@ func (c *Conn) invoke(ctx context.Context, req *protocol.Command, deadline time.
 		c.calls.Put(cl)
 		return r.resp, callErr(req, r.err)
 	}
+	return c.await(ctx, req, cl)
+}
+
+// await waits for the outcome of the sync call cl, registered and sent,
+// or for ctx to end, and recycles cl.
+func (c *Conn) await(ctx context.Context, req *protocol.Command, cl *call) (*protocol.Command, error) {
 	select {
 	case r := <-cl.ch:
 		c.calls.Put(cl)
@@ -1284,6 +1293,10 @@ func (c *Conn) handleFrame(cmd *protocol.Command) bool {
 // rest (sock.waitQueued), so that a peer trickling a frame in holds no
 // buffer and wakes the reader a few times per frame, not once per byte.
 func (c *Conn) nextFrame() (*protocol.Command, error) {
+	if cmd := c.handoff; cmd != nil {
+		c.handoff = nil
+		return cmd, nil
+	}
 	for {
 		c.armReadDeadline()
 		if c.sock != nil && (c.rbr == nil || c.rbr.Buffered() == 0) {
