@@ -57,6 +57,120 @@ func (f *walFault) MaybeError(op errorfs.Op) error {
 
 func (f *walFault) String() string { return "walFault" }
 
+// faultFS injects f's faults into the writes and fsyncs of the files it
+// creates, opens or reuses. (errorfs.Wrap does the same, except for a file
+// Pebble reuses: a recycled WAL would escape the fault.)
+type faultFS struct {
+	vfs.FS
+	f *walFault
+}
+
+func (fs faultFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
+	if err != nil {
+		return f, err
+	}
+	return faultFile{File: f, path: name, f: fs.f}, nil
+}
+
+func (fs faultFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, c)
+	return fs.wrap(name, f, err)
+}
+
+func (fs faultFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
+	return fs.wrap(newname, f, err)
+}
+
+func (fs faultFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.OpenReadWrite(name, c, opts...)
+	return fs.wrap(name, f, err)
+}
+
+type faultFile struct {
+	vfs.File
+	path string
+	f    *walFault
+}
+
+func (f faultFile) fault(k errorfs.OpKind) error {
+	return f.f.MaybeError(errorfs.Op{Kind: k, Path: f.path})
+}
+
+func (f faultFile) Write(p []byte) (int, error) {
+	if err := f.fault(errorfs.OpFileWrite); err != nil {
+		return 0, err
+	}
+	return f.File.Write(p)
+}
+
+func (f faultFile) WriteAt(p []byte, off int64) (int, error) {
+	if err := f.fault(errorfs.OpFileWriteAt); err != nil {
+		return 0, err
+	}
+	return f.File.WriteAt(p, off)
+}
+
+func (f faultFile) Sync() error {
+	if err := f.fault(errorfs.OpFileSync); err != nil {
+		return err
+	}
+	return f.File.Sync()
+}
+
+func (f faultFile) SyncData() error {
+	if err := f.fault(errorfs.OpFileSyncData); err != nil {
+		return err
+	}
+	return f.File.SyncData()
+}
+
+func (f faultFile) SyncTo(length int64) (bool, error) {
+	if err := f.fault(errorfs.OpFileSyncTo); err != nil {
+		return false, err
+	}
+	return f.File.SyncTo(length)
+}
+
+// TestFailedWALIsFailStop's producers slow down once they wrote
+// slowAfterBytes of bodies before the fault fired, and give up at
+// stopAfterBytes: the store writes less than twice the bodies' bytes, and
+// the memtable the test prepares holds 8 MiB.
+const (
+	slowAfterBytes = 1 << 20
+	stopAfterBytes = 3 << 20
+)
+
+// growMemtable writes to topic "W" and flushes until s's Pebble has an
+// empty memtable of at least size bytes.
+func growMemtable(t *testing.T, s *Store, size uint64) {
+	t.Helper()
+	body := strings.Repeat("m", 4<<10)
+	for i := 0; ; i++ {
+		m := s.db.Metrics().MemTable
+		if m.Size >= size {
+			return
+		}
+		if i > 10 {
+			t.Fatalf("memtable still %d bytes after %d flushes", m.Size, i)
+		}
+		batch := make([]PutMessage, 0, 64)
+		for written := uint64(0); written < m.Size/2+(64<<10); written += uint64(len(body)) {
+			batch = append(batch, msg("W", 0, body))
+			if len(batch) == cap(batch) {
+				mustPut(t, s, batch...)
+				batch = batch[:0]
+			}
+		}
+		if len(batch) > 0 {
+			mustPut(t, s, batch...)
+		}
+		if err := s.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestFailedWALIsFailStop fails the n-th WAL fsync or WAL write under
 // concurrent producers, in both flush modes: every Put that was not
 // acknowledged gets ErrFailed, within a second, later writes (messages,
@@ -89,22 +203,18 @@ func TestFailedWALIsFailStop(t *testing.T) {
 			s := openTest(t, dir, Options{
 				FlushMode:     tc.mode,
 				SyncInterval:  tc.interval,
-				PebbleOptions: &pebble.Options{FS: errorfs.Wrap(vfs.Default, fault)},
+				PebbleOptions: &pebble.Options{FS: faultFS{FS: vfs.Default, f: fault}},
 			})
 			mustPut(t, s, msg("T", 0, "before"))
-			// Pebble starts with a 256 KiB memtable and doubles it at each
-			// rotation; a rotation closes (and syncs) the WAL, and a failure
-			// there panics inside Pebble (the documented limit in
-			// FlushAsync's notes), which no store can turn into an error.
-			// Four forced rotations before the fault is armed leave an
-			// empty 4 MiB memtable, several times what the producers below
-			// write before the failure.
-			for i := range 4 {
-				mustPut(t, s, msg("W", 0, fmt.Sprintf("rotate-%d", i)))
-				if err := s.db.Flush(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			// A rotation closes (and syncs) the WAL, and a failure there
+			// panics inside Pebble (the documented limit in FlushAsync's
+			// notes), which no store can turn into an error: the memtable
+			// must hold everything written after the fault is armed.
+			// Pebble starts with a 256 KiB memtable and doubles the next
+			// one at each rotation, unless a forced flush finds it less
+			// than half full; so memtables are filled past half and
+			// flushed until an empty one holds 8 MiB.
+			growMemtable(t, s, 8<<20)
 			fault.countdown.Store(7)
 
 			type acked struct {
@@ -115,7 +225,7 @@ func TestFailedWALIsFailStop(t *testing.T) {
 			var mu sync.Mutex
 			var ack []acked
 			var wg sync.WaitGroup
-			var slow atomic.Int64
+			var slow, written atomic.Int64
 			errs := make(chan error, 4)
 			for w := range 4 {
 				wg.Go(func() {
@@ -123,6 +233,19 @@ func TestFailedWALIsFailStop(t *testing.T) {
 					// whose flushes are the WAL writes.
 					pad := strings.Repeat("x", 1024)
 					for i := 0; ; i++ {
+						// The fault must fire before the memtable fills (a
+						// rotation then would panic, see above). In ASYNC mode
+						// the failing fsync comes from the store's syncer on
+						// its own clock, which a loaded machine delays while
+						// producers go on writing (the full suite saw the
+						// panic): past slowAfterBytes they write slowly.
+						if n := written.Load(); n > slowAfterBytes && !fault.failed.Load() {
+							if n > stopAfterBytes {
+								errs <- fmt.Errorf("the fault did not fire before %d bytes were written", n)
+								return
+							}
+							time.Sleep(2 * time.Millisecond) // the syncer fsyncs only after writes
+						}
 						body := fmt.Sprintf("w%d-%d-%s", w, i, pad)
 						start := time.Now()
 						res, err := s.Put(context.Background(), []PutMessage{msg("T", int32(w), body)})
@@ -133,6 +256,7 @@ func TestFailedWALIsFailStop(t *testing.T) {
 							errs <- err
 							return
 						}
+						written.Add(int64(len(body)))
 						mu.Lock()
 						ack = append(ack, acked{int32(w), res[0].QueueOffset, body})
 						mu.Unlock()
