@@ -1086,9 +1086,13 @@ type endQueue struct {
 	mu      sync.Mutex
 	answers []endAnswer
 	wake    chan struct{} // one token: answers is not empty
+	failed  atomic.Bool   // an answer was an error
 }
 
 func (q *endQueue) put(lane uint32, err error) {
+	if err != nil {
+		q.failed.Store(true)
+	}
 	q.mu.Lock()
 	q.answers = append(q.answers, endAnswer{lane: lane, err: err})
 	q.mu.Unlock()
@@ -1151,6 +1155,7 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 	}
 	cbs := make([]func(error), nl)
 	inflight := 0
+	var lanes sync.WaitGroup // lanes handed over after a failed END_TRANSACTION
 	send := func(l uint32) {
 		if cbs[l] == nil {
 			cbs[l] = func(err error) { q.put(l, err) }
@@ -1164,10 +1169,16 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 	}
 	for l := range nl {
 		if start[l] < start[l+1] {
+			if q.failed.Load() {
+				// As below once troubled: an END_TRANSACTION failed
+				// already (the broker unreachable, say).
+				rest := order[start[l]:start[l+1]]
+				lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, nil, st) })
+				continue
+			}
 			send(l)
 		}
 	}
-	var lanes sync.WaitGroup // lanes handed over after a failed END_TRANSACTION
 	var spare []endAnswer
 	stopped := false
 	for inflight > 0 {
@@ -1193,6 +1204,16 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 					stopped = true
 					continue
 				}
+				if q.failed.Load() {
+					// An END_TRANSACTION failed: the broker may be gone,
+					// and a send would wait here for its connection (a
+					// dial window each), one lane after another. The
+					// rest of this lane goes on, in order, on a goroutine
+					// of its own, as a failed lane does.
+					rest := order[next[l]:start[l+1]]
+					lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, nil, st) })
+					continue
+				}
 				send(l)
 			}
 		}
@@ -1209,11 +1230,12 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 }
 
 // endLane ends the handles idx of one lane in order, synchronously with
-// retries, the first of them after an attempt that failed with failed.
+// retries, the first of them after an attempt that failed with failed (nil:
+// none was made).
 func (s *ExactlyOnce[T]) endLane(ctx context.Context, hs []txnHandle, idx []int32, commit bool, again func(ctx context.Context, i int) error, failed error, st *endState) {
 	for k, i := range idx {
 		var err error
-		if k == 0 {
+		if k == 0 && failed != nil {
 			err = s.endRetry(ctx, &hs[i].h, commit, failed)
 		} else {
 			err = s.endOne(ctx, &hs[i].h, commit)

@@ -571,6 +571,50 @@ func brokerGone(t *testing.T, sendTimeout time.Duration, opts ...TxOption) {
 	}
 }
 
+// TestExactlyOnceEndRetryBrokerDownAtCommit: the broker dies after the
+// epoch is pre-committed and before its commit starts. Every lane's first
+// END_TRANSACTION then waits for the broker's connection; sent one after
+// another from the commit's pipeline, each would wait for a dial window of
+// its own (up to 2 s, 40 lanes). The commit must fail within the retry
+// budget of one lane, and a restarted job commits the epoch exactly once.
+func TestExactlyOnceEndRetryBrokerDownAtCommit(t *testing.T) {
+	rc := newRestartCluster(t)
+	cl := rc.cl()
+	cl.createTopic("eo_down", 4)
+	group := TxGroup("job", "down")
+	const attempts = 4
+	s, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_down"),
+		WithTxRetry(attempts, backoff.Policy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn, _ := writeEpoch(t, s, endRetryKeys, endRetryPer)
+	rc.kill()
+	ctx := context.Background()
+	start := time.Now()
+	err = s.Commit(ctx, txn)
+	took := time.Since(start)
+	t.Logf("Commit failed after %v: %v", took, err)
+	if err == nil || !strings.Contains(err.Error(), "commit of checkpoint 1") {
+		t.Fatalf("Commit with the broker down: %v", err)
+	}
+	// One lane's attempts, each at most a dial window (2 s) and a refused
+	// dial, with slack for a loaded machine.
+	if budget := time.Duration(attempts)*2*time.Second + 5*time.Second; took > budget {
+		t.Fatalf("Commit took %v to fail (budget %v)", took, budget)
+	}
+	_ = s.Close() // fails: the commit failed
+	rc.restart()
+	cl = rc.cl()
+	s2 := recoverCommit(t, rc, group, "eo_down", txn)
+	if err := checkExactlyOnce(cl.readTopic("eo_down"), endRetryKeys, endRetryPer); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestExactlyOnceEndRetryRefusedForGood: one half message's END_TRANSACTION
 // is refused every time: Commit fails naming the refusal after the
 // configured attempts, the other lanes are committed; a new run commits
