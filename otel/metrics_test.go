@@ -163,6 +163,11 @@ func TestMetricsPrometheus(t *testing.T) {
 		if c, ok := sample(s, "runnel_checkpoints_total", `runnel_checkpoint_result="completed"`); !ok || c < 2 {
 			return fmt.Errorf("completed checkpoints = %v (%v)", c, ok)
 		}
+		// The counter and the duration histogram are recorded one after
+		// the other: a scrape may fall between them.
+		if c, ok := sample(s, "runnel_checkpoint_duration_seconds_count", `runnel_job="metrics-job"`, `completed`); !ok || c < 2 {
+			return fmt.Errorf("checkpoint durations recorded = %v (%v)", c, ok)
+		}
 		return nil
 	})
 	stop()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,19 +65,30 @@ func startNameServer(tb testing.TB) *namesrv.Server {
 }
 
 // startNameServerAt starts a real name server on addr.
+//
+// A fixed addr that was closed a moment ago may be briefly taken: the
+// broker keeps dialing it to register, and a dial to a port nobody listens
+// on can be given that very port as its own (a TCP self-connect, which Go's
+// dialer detects and closes). The bind is retried for a few seconds then.
 func startNameServerAt(tb testing.TB, addr string) *namesrv.Server {
 	tb.Helper()
-	ns, err := namesrv.New(namesrv.WithListenAddr(addr), namesrv.WithKVConfigDir(tb.TempDir()))
-	if err != nil {
-		tb.Fatalf("namesrv.New: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := ns.Start(ctx); err != nil {
-		tb.Fatalf("namesrv.Start: %v", err)
+	for {
+		ns, err := namesrv.New(namesrv.WithListenAddr(addr), namesrv.WithKVConfigDir(tb.TempDir()))
+		if err != nil {
+			tb.Fatalf("namesrv.New: %v", err)
+		}
+		err = ns.Start(ctx)
+		if err == nil {
+			tb.Cleanup(func() { _ = ns.Close() })
+			return ns
+		}
+		if !strings.Contains(err.Error(), "address already in use") || ctx.Err() != nil {
+			tb.Fatalf("namesrv.Start: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	tb.Cleanup(func() { _ = ns.Close() })
-	return ns
 }
 
 // dial connects a client to addr, closed at the end of the test.

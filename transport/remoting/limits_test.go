@@ -291,8 +291,11 @@ func TestServerQueuedBytesBound(t *testing.T) {
 	t.Logf("cut after %d requests of %d KiB responses, %d KiB handed to its socket", sent, body>>10, cutOut.Load()>>10)
 	// The bytes the socket holds unread count towards the bound: the
 	// server stops producing for the peer once the bound is reached, not
-	// once the kernel's send buffer (megabytes) is full too.
-	if runtime.GOOS == "linux" && cutOut.Load() > bound+2*body {
+	// once the kernel's send buffer (megabytes) is full too. Responses
+	// of requests handled at the same time each pass the check before the
+	// others are counted, so a few may go past the bound (a loaded
+	// machine saw five).
+	if runtime.GOOS == "linux" && cutOut.Load() > bound+8*body {
 		t.Errorf("%d KiB handed to the socket of a peer that never reads; bound %d KiB", cutOut.Load()>>10, bound>>10)
 	}
 }
