@@ -62,7 +62,6 @@ func (c *Conn) takeRead(cl *call) (gen uint64, ok bool) {
 	}
 	c.rd.holder.Store(rdCaller)
 	c.rd.gen++
-	c.rd.interrupted = false
 	c.rdLimit, c.rdForce = cl.deadline, true
 	return c.rd.gen, true
 }
@@ -222,14 +221,14 @@ func (c *Conn) readOwn(ctx context.Context, req *protocol.Command, cl *call, gen
 var errHandedOff = errors.New("remoting: read side handed to the reader")
 
 // interruptRead, run when a reading caller's ctx ends, wakes the caller of
-// generation gen from its socket read, if it still holds the read side.
+// generation gen from its socket read, if it still holds the read side
+// (the caller then finds its ctx done).
 func (c *Conn) interruptRead(gen uint64) {
 	c.rd.Lock()
 	defer c.rd.Unlock()
 	if c.rd.holder.Load() != rdCaller || c.rd.gen != gen {
 		return
 	}
-	c.rd.interrupted = true
 	_ = c.nc.SetReadDeadline(time.Unix(1, 0)) // fails only once closed; the read then fails
 }
 
@@ -255,11 +254,9 @@ func (c *Conn) readUntil(ctx context.Context, cl *call) (resp *protocol.Command,
 		cmd, rerr := c.nextFrame()
 		if rerr != nil {
 			if isTimeout(rerr) && !isDone(c.quit) {
-				c.rd.Lock()
-				interrupted := c.rd.interrupted
-				c.rd.Unlock()
 				switch {
-				case interrupted || ctx.Err() != nil:
+				case ctx.Err() != nil: // interruptRead, or the deadline passing
+
 					resp, err = c.abandon(cl, ctxErr(ctx))
 					return resp, err, true
 				case !c.rdLimit.IsZero() && !time.Now().Before(c.rdLimit):

@@ -223,9 +223,8 @@ type Conn struct {
 	// rd tells who holds the read side (callerread.go).
 	rd struct {
 		sync.Mutex
-		holder      atomic.Int32 // rdLoop, rdCaller or rdNone; changed under the mutex
-		gen         uint64       // counts the callers that took the read side
-		interrupted bool         // the holding caller's ctx ended (see interruptRead)
+		holder atomic.Int32 // rdLoop, rdCaller or rdNone; changed under the mutex
+		gen    uint64       // counts the callers that took the read side
 	}
 	// callerReads: a sync call may read its own response (client Conns on
 	// plain TCP; WithCallerReads).
@@ -925,11 +924,10 @@ func (c *Conn) await(ctx context.Context, req *protocol.Command, cl *call) (*pro
 //
 // Where cb runs: on the caller's goroutine, before InvokeAsync returns, when
 // the request could not be sent (ctx ended while waiting, Conn closed,
-// encoding error); on the goroutine reading the Conn when the response
-// arrives: its reader goroutine, or a sync caller reading its own response
-// (WithCallerReads) (so cb must not block: hand long work to another
-// goroutine, and never call Close or a sync Invoke of the same Conn from
-// it); on a goroutine of context.AfterFunc when ctx ends first;
+// encoding error); on the Conn's reader goroutine when the response arrives
+// (a sync caller reading its own response, see WithCallerReads, leaves such
+// a response to the reader) (so cb must not block: hand long work to
+// another goroutine, and never call Close from it); on a goroutine of context.AfterFunc when ctx ends first;
 // on the goroutine that closes the Conn otherwise. cb owns the response.
 func (c *Conn) InvokeAsync(ctx context.Context, req *protocol.Command, cb func(resp *protocol.Command, err error)) {
 	c.invokeAsync(ctx, req, time.Time{}, cb)
