@@ -18,6 +18,7 @@ import (
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
+	"github.com/runnel-dev/runnel/internal/testutil"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -144,14 +145,7 @@ func startETLEnv(t *testing.T, n int, seed uint64, bopts ...broker.Option) *etlE
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
+	ns := testutil.StartNameServer(ctx, t)
 	b, err := broker.New(append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
 		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, bopts...)...)
 	if err != nil {

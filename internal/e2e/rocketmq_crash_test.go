@@ -50,14 +50,7 @@ func startMQ(tb testing.TB) *mqEnv {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(tb.TempDir()))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = ns.Close() })
+	ns := testutil.StartNameServer(ctx, tb)
 	b, err := broker.New(broker.WithDataDir(tb.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
 		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync))
 	if err != nil {

@@ -19,9 +19,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	rwm "github.com/runnel-dev/runnel/transport/watermill"
 )
 
@@ -82,14 +82,7 @@ func newEnv(t testing.TB, opts ...broker.Option) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
+	ns := testutil.StartNameServer(ctx, t)
 	b, err := broker.New(append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
 		broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, opts...)...)
 	if err != nil {
