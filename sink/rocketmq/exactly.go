@@ -1156,7 +1156,17 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 	cbs := make([]func(error), nl)
 	inflight := 0
 	var lanes sync.WaitGroup // lanes handed over after a failed END_TRANSACTION
+	// send sends lane l's next END_TRANSACTION, or, once one of them
+	// failed (the broker may be gone, and a send waits here for its
+	// connection: a dial window each, one lane after another), hands the
+	// rest of the lane, in order, to a goroutine of its own, as a failed
+	// lane is.
 	send := func(l uint32) {
+		if q.failed.Load() {
+			rest := order[next[l]:start[l+1]]
+			lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, nil, st) })
+			return
+		}
 		if cbs[l] == nil {
 			cbs[l] = func(err error) { q.put(l, err) }
 		}
@@ -1169,13 +1179,6 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 	}
 	for l := range nl {
 		if start[l] < start[l+1] {
-			if q.failed.Load() {
-				// As below once troubled: an END_TRANSACTION failed
-				// already (the broker unreachable, say).
-				rest := order[start[l]:start[l+1]]
-				lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, nil, st) })
-				continue
-			}
 			send(l)
 		}
 	}
@@ -1202,16 +1205,6 @@ func (s *ExactlyOnce[T]) endAll(ctx context.Context, hs []txnHandle, commit bool
 			if next[l] < start[l+1] {
 				if ctx.Err() != nil {
 					stopped = true
-					continue
-				}
-				if q.failed.Load() {
-					// An END_TRANSACTION failed: the broker may be gone,
-					// and a send would wait here for its connection (a
-					// dial window each), one lane after another. The
-					// rest of this lane goes on, in order, on a goroutine
-					// of its own, as a failed lane does.
-					rest := order[next[l]:start[l+1]]
-					lanes.Go(func() { s.endLane(ctx, hs, rest, commit, again, nil, st) })
 					continue
 				}
 				send(l)
