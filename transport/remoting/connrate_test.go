@@ -1,6 +1,7 @@
 package remoting
 
 import (
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -52,10 +53,30 @@ func TestServerMaxConnRate(t *testing.T) {
 	const n = 8
 	dialAll := func(addr string) time.Duration {
 		start := time.Now()
+		// Every TCP connection is set up (the kernel completes handshakes
+		// into the listen backlog whatever the accept loop does) before
+		// any is used, from one goroutine: connections dialled from n
+		// goroutines on a loaded machine may reach the listener spread over
+		// more than the pacer's interval, and then are rightly not held
+		// back, which made the paced count below flaky.
+		ncs := make([]net.Conn, n)
+		for k := range ncs {
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ncs[k] = nc
+		}
 		var wg sync.WaitGroup
 		for k := range n {
 			wg.Go(func() {
-				c := dialT(t, addr)
+				c, err := NewConn(ncs[k], WithLogger(testLogger()))
+				if err != nil {
+					t.Error(err)
+					_ = ncs[k].Close()
+					return
+				}
+				defer c.Close()
 				resp, err := c.Invoke(ctxT(t, 10*time.Second), echoReq(k))
 				if err == nil {
 					err = checkEcho(resp, k)
