@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-		"os"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -123,8 +123,8 @@ type Proc struct {
 	p       *proc
 	events  chan Event
 	watched chan struct{} // closed when the ctx watcher has returned
-	mu     sync.Mutex
-	bad    []string // lines that are not JSON objects (stack traces)
+	mu      sync.Mutex
+	bad     []string // lines that are not JSON objects (stack traces)
 }
 
 // Start runs `Driver <command> --namesrv namesrv <args>` in a new JVM.

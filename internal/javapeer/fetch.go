@@ -42,7 +42,7 @@ type Dist struct {
 	// Home is what ROCKETMQ_HOME points to (4.9 reads conf/ from it).
 	Home string
 	// Java is the java executable used to run everything.
-	Java string
+	Java  string
 	javac string
 }
 
