@@ -31,7 +31,7 @@
 //
 // # The driver and mqadmin
 //
-// Driver compiles driver/Driver.java (embedded here; runnel's own code)
+// Driver compiles driver/*.java (embedded here; runnel's own code)
 // against the client jars once per source hash and version, and runs the
 // official Java client's flows on command: one JVM per command, which
 // prints one JSON object per line (sent and received messages, results) so

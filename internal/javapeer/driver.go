@@ -5,7 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -19,8 +19,8 @@ import (
 	"time"
 )
 
-//go:embed driver/Driver.java
-var driverSource []byte
+//go:embed driver/*.java
+var driverFS embed.FS
 
 // driverClass is the driver's main class.
 const driverClass = "dev.runnel.javapeer.Driver"
@@ -41,8 +41,18 @@ type Driver struct {
 // (later calls, in this process or another, reuse the classes), and returns
 // a Driver whose client logs go under logDir.
 func (d *Dist) Driver(ctx context.Context, logDir string) (*Driver, error) {
-	sum := sha256.Sum256(append(append([]byte{}, driverSource...), d.Version...))
-	classes := filepath.Join(filepath.Dir(d.Lib), "driver-"+hex.EncodeToString(sum[:8]))
+	h := sha256.New()
+	ents, err := driverFS.ReadDir("driver")
+	if err != nil {
+		return nil, fmt.Errorf("javapeer: %w", err)
+	}
+	for _, e := range ents {
+		b, _ := driverFS.ReadFile("driver/" + e.Name())
+		fmt.Fprintf(h, "%s %d\n", e.Name(), len(b))
+		h.Write(b)
+	}
+	h.Write([]byte(d.Version))
+	classes := filepath.Join(filepath.Dir(d.Lib), "driver-"+hex.EncodeToString(h.Sum(nil)[:8]))
 	unlock, err := lockFile(ctx, classes+".lock")
 	if err != nil {
 		return nil, err
@@ -59,19 +69,30 @@ func (d *Dist) Driver(ctx context.Context, logDir string) (*Driver, error) {
 func (d *Dist) compile(ctx context.Context, classes string) error {
 	tmp := classes + ".tmp"
 	_ = os.RemoveAll(tmp)
-	src := filepath.Join(tmp, "src", "Driver.java")
-	if err := os.MkdirAll(filepath.Dir(src), 0o755); err != nil {
+	srcDir := filepath.Join(tmp, "src")
+	if err := os.MkdirAll(srcDir, 0o755); err != nil {
 		return fmt.Errorf("javapeer: %w", err)
 	}
-	if err := os.WriteFile(src, driverSource, 0o644); err != nil {
+	ents, err := driverFS.ReadDir("driver")
+	if err != nil {
 		return fmt.Errorf("javapeer: %w", err)
+	}
+	var srcs []string
+	for _, e := range ents {
+		b, _ := driverFS.ReadFile("driver/" + e.Name())
+		p := filepath.Join(srcDir, e.Name())
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return fmt.Errorf("javapeer: %w", err)
+		}
+		srcs = append(srcs, p)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, d.javac, "-nowarn", "-encoding", "UTF-8", "-cp", d.Classpath(), "-d", tmp, src)
+	args := append([]string{"-nowarn", "-encoding", "UTF-8", "-cp", d.Classpath(), "-d", tmp}, srcs...)
+	cmd := exec.CommandContext(ctx, d.javac, args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("javapeer: javac Driver.java against RocketMQ %s: %w\n%s", d.Version, err, out)
+		return fmt.Errorf("javapeer: javac driver/*.java against RocketMQ %s: %w\n%s", d.Version, err, out)
 	}
 	_ = os.RemoveAll(classes)
 	if err := os.Rename(tmp, classes); err != nil {
