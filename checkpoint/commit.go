@@ -121,6 +121,13 @@ type Commit struct {
 	Resolved []PendingCommit
 	// Parts write the state changes.
 	Parts []Part
+	// CaptureBatch asks Commit to leave in Batch a copy of the Pebble batch
+	// it committed: the exact change from the previous checkpoint to this
+	// one, which ApplyBatch replays on a replica of the store (scale-out
+	// ships it to other workers). Batch reuses its previous capacity.
+	CaptureBatch bool
+	// Batch is set by Commit when CaptureBatch is.
+	Batch []byte
 }
 
 // Commit writes c atomically: offsets, every part's state changes, pending
@@ -175,6 +182,7 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	defer b.Reset()
 	m = Metadata{
 		ID:            c.ID,
+		Prev:          latest.ID,
 		Time:          start.UTC(),
 		FormatVersion: FormatVersion,
 		Fingerprint:   s.opts.Fingerprint,
@@ -216,6 +224,9 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	}
 	if err := b.Set(keyLatest, binary.BigEndian.AppendUint64(nil, c.ID), nil); err != nil {
 		return Metadata{}, fmt.Errorf("checkpoint: commit %d: %w", c.ID, err)
+	}
+	if c.CaptureBatch {
+		c.Batch = append(c.Batch[:0], b.Repr()...)
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return Metadata{}, fmt.Errorf("checkpoint: commit %d: %w", c.ID, err)

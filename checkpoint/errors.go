@@ -15,6 +15,9 @@ var (
 	// ErrStaleID is returned by Commit for an ID not above the latest
 	// completed checkpoint's.
 	ErrStaleID = errors.New("checkpoint: checkpoint id does not increase")
+	// ErrNotNext is returned by ApplyBatch for a batch that does not follow
+	// the store's latest checkpoint (one in between is missing).
+	ErrNotNext = errors.New("checkpoint: batch does not follow the latest checkpoint")
 	// ErrNotEmpty is returned by RestoreSavepoint when the target directory
 	// already holds a completed checkpoint.
 	ErrNotEmpty = errors.New("checkpoint: store already holds checkpoints")

@@ -64,7 +64,11 @@ type OperatorInfo struct {
 
 // Metadata describes one completed checkpoint.
 type Metadata struct {
-	ID            uint64      `json:"id"`
+	ID uint64 `json:"id"`
+	// Prev is the id of the checkpoint this one followed (0 for a store's
+	// first): ApplyBatch checks that a replica is at Prev before it replays
+	// this checkpoint's batch.
+	Prev          uint64      `json:"prev,omitempty"`
 	Time          time.Time   `json:"time"`
 	FormatVersion uint32      `json:"formatVersion"`
 	Fingerprint   Fingerprint `json:"fingerprint"`
