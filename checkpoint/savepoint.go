@@ -98,18 +98,52 @@ func (sw *savepointWriter) record(r *savepointRecord) error {
 // snapshot, so commits may go on meanwhile. It fails when there is no
 // completed checkpoint. ctx is checked every 1024 records.
 func (s *Store) WriteSavepoint(ctx context.Context, w io.Writer) error {
+	sv, err := s.NewSavepoint()
+	if err != nil {
+		return err
+	}
+	defer sv.Close()
+	return sv.WriteTo(ctx, w)
+}
+
+// Savepoint is the latest completed checkpoint of a store frozen at the
+// moment NewSavepoint was called, to be written later (and while commits go
+// on): scale-out takes one right after a checkpoint and streams it to the
+// broker in the background. It must be closed; it is not safe for
+// concurrent use.
+type Savepoint struct {
+	s    *Store
+	snap *pebble.Snapshot
+	m    Metadata
+}
+
+// NewSavepoint freezes the latest completed checkpoint; it fails when there
+// is none.
+func (s *Store) NewSavepoint() (*Savepoint, error) {
 	if s.closed() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	// Take the snapshot under commitMu so that it and the metadata agree.
 	s.commitMu.Lock()
 	snap := s.db.NewSnapshot()
 	m, ok := s.Latest()
 	s.commitMu.Unlock()
-	defer snap.Close()
 	if !ok {
-		return errors.New("checkpoint: no completed checkpoint to save")
+		_ = snap.Close()
+		return nil, errors.New("checkpoint: no completed checkpoint to save")
 	}
+	return &Savepoint{s: s, snap: snap, m: m}, nil
+}
+
+// Metadata is the frozen checkpoint's metadata.
+func (sv *Savepoint) Metadata() Metadata { return sv.m }
+
+// Close releases the frozen view.
+func (sv *Savepoint) Close() error { return sv.snap.Close() }
+
+// WriteTo writes the frozen checkpoint to w in the savepoint format.
+func (sv *Savepoint) WriteTo(ctx context.Context, w io.Writer) error {
+	s, snap, m := sv.s, sv.snap, sv.m
 	mb, err := json.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("checkpoint: encode metadata: %w", err)

@@ -27,6 +27,9 @@ var (
 	// ErrStarted is returned when an Engine is run twice or a task is added
 	// after Run.
 	ErrStarted = errors.New("runtime: engine already started")
+	// ErrPublish is returned by Run when Config.Commit refused to publish a
+	// checkpoint.
+	ErrPublish = errors.New("runtime: checkpoint not published")
 )
 
 // Config configures an Engine. It is plain data; New validates it.
@@ -67,6 +70,24 @@ type Config struct {
 	// DiscoveryInterval is the period of the discovery callback set with
 	// OnDiscover (0: only on demand, see DiscoverNow).
 	DiscoveryInterval time.Duration
+	// Commit, when set, takes part in every checkpoint commit (scale-out
+	// publishes each task's checkpoints to the broker); nil for a job that
+	// runs in one process.
+	Commit CommitHook
+}
+
+// CommitHook takes part in an Engine's checkpoint commits.
+type CommitHook interface {
+	// PrepareCommit is called with each checkpoint before its batch is
+	// written; it may add offsets and ask for the batch
+	// (checkpoint.Commit.CaptureBatch).
+	PrepareCommit(c *checkpoint.Commit)
+	// PublishCommit is called once the checkpoint is durable in the store
+	// and before any task learns that it completed (so before any sink
+	// commits a transaction of it). An error fails the job with
+	// ErrPublish: the checkpoint is durable locally but does not count, and
+	// nothing of it may be committed.
+	PublishCommit(ctx context.Context, md checkpoint.Metadata, c *checkpoint.Commit) error
 }
 
 // Engine runs one job's tasks and coordinates its checkpoints. Create it with
@@ -489,6 +510,9 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			e.mu.Lock()
 			e.mu.inflight = nil
 			e.mu.Unlock()
+			if errors.Is(err, ErrPublish) {
+				return err // nothing of the checkpoint may be committed
+			}
 			done, fatal := endCheckpoint(cp, err)
 			if fatal != nil {
 				return fatal
@@ -596,7 +620,18 @@ func (e *Engine) commit(cp *inflight) error {
 	c.Resolved = resolved
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
+	if e.cfg.Commit != nil {
+		e.cfg.Commit.PrepareCommit(c)
+	}
 	md, err := e.store.Commit(ctx, c)
+	if err == nil && e.cfg.Commit != nil {
+		if perr := e.cfg.Commit.PublishCommit(ctx, md, c); perr != nil {
+			e.mu.Lock()
+			e.recordLocked(CheckpointStatus{ID: cp.id, Result: "not published: " + perr.Error(), Duration: time.Since(cp.started), Time: e.cfg.Clock()})
+			e.mu.Unlock()
+			return fmt.Errorf("%w: checkpoint %d: %w", ErrPublish, cp.id, perr)
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {

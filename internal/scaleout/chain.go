@@ -197,3 +197,11 @@ func (c *Chain) NextHistory(ownerEpoch uint64) []EpochStart {
 	}
 	return h
 }
+
+// clone returns a copy of c for Decide, Latest and NextHistory (records
+// are never modified once applied); it remembers no sink transactions.
+func (c *Chain) clone() *Chain {
+	d := *c
+	d.sinks, d.sinkRing = map[sinkKey][]byte{}, nil
+	return &d
+}

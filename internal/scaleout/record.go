@@ -38,10 +38,12 @@ const recordVersion = 1
 // decoded.
 var ErrBadRecord = errors.New("scaleout: bad commit record")
 
-// Segment is a range of a changelog queue: the messages [From, To) hold one
-// checkpoint's batch (or, for a snapshot, a whole store as of Seq).
+// Segment is a range of a changelog queue: among the messages [From, To),
+// the chunks tagged with Nonce hold one checkpoint's batch (or, for a
+// snapshot, a whole store as of checkpoint Seq).
 type Segment struct {
 	Seq      uint64
+	Nonce    uint64
 	From, To int64
 }
 
@@ -134,6 +136,7 @@ func appendStr(dst []byte, s string) []byte {
 
 func appendSegment(dst []byte, s Segment) []byte {
 	dst = binary.AppendUvarint(dst, s.Seq)
+	dst = binary.BigEndian.AppendUint64(dst, s.Nonce)
 	dst = binary.AppendVarint(dst, s.From)
 	return binary.AppendVarint(dst, s.To)
 }
@@ -296,5 +299,5 @@ func (d *decoder) str(what string, limit int) string {
 }
 
 func (d *decoder) segment() Segment {
-	return Segment{Seq: d.uvarint("segment seq", 1<<62), From: d.varint("segment start"), To: d.varint("segment end")}
+	return Segment{Seq: d.uvarint("segment seq", 1<<62), Nonce: d.u64("segment nonce"), From: d.varint("segment start"), To: d.varint("segment end")}
 }

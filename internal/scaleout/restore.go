@@ -1,0 +1,162 @@
+package scaleout
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/transport/client"
+)
+
+// ErrStaleLocalState is returned by Restore when the task's directory holds
+// checkpoints but the broker has no commit chain for the task: the job's
+// topics were deleted or the broker lost them. Starting empty would replay
+// the input from the start (duplicating output), so Restore refuses; delete
+// the directory to start the task afresh.
+var ErrStaleLocalState = errors.New("scaleout: local state of a task the broker has no chain for")
+
+// RestoreReport says how Restore brought a task's store to its checkpoint.
+type RestoreReport struct {
+	// Reused: the directory already held the checkpoint.
+	Reused bool
+	// FromSnapshot: the store was rebuilt from the broker's snapshot.
+	FromSnapshot bool
+	// Applied is how many changelog segments were applied.
+	Applied int
+	// Bytes is how many changelog bytes were read.
+	Bytes int64
+}
+
+// Restore brings the task store in dir to base, the latest valid record of
+// the task before its new owner's claim (nil: a new task; dir must hold no
+// checkpoint), as judged by chain. It keeps what dir holds when its latest
+// checkpoint lies on the chain (a restart on the same disk, or a standby's
+// copy) and applies only the segments after it; otherwise it rebuilds dir
+// from base's snapshot and segments. It fails with ErrSegmentGone when the
+// broker no longer has what it needs.
+func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, dir string, base *Record, chain View, opts checkpoint.Options) (RestoreReport, error) {
+	var rep RestoreReport
+	at, epoch, ok, err := localCheckpoint(dir, opts)
+	if err != nil {
+		return rep, err
+	}
+	if base == nil {
+		if ok {
+			return rep, fmt.Errorf("%w: %s holds checkpoint %d of task %s", ErrStaleLocalState, dir, at, log.Task)
+		}
+		return rep, nil
+	}
+	var from uint64 // apply segments after this checkpoint
+	usable := ok && at <= base.Seq && chain.Decide(epoch, at) == Valid && (at >= base.Snapshot.Seq)
+	if usable && at < base.Seq {
+		// Every checkpoint after at must be a listed segment.
+		usable = coversAfter(base.Segments, at, base.Seq)
+	}
+	if usable {
+		from = at
+		rep.Reused = true
+	} else {
+		if err := os.RemoveAll(dir); err != nil {
+			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
+		}
+		if base.Snapshot.Seq > 0 {
+			r := NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
+			cr := &countingReader{r: r}
+			if err := checkpoint.RestoreSavepoint(ctx, dir, cr, opts); err != nil {
+				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
+			}
+			rep.FromSnapshot, rep.Bytes = true, cr.n
+			from = base.Snapshot.Seq
+		}
+		if !coversAfter(base.Segments, from, base.Seq) {
+			return rep, fmt.Errorf("%w: %s: the latest record (checkpoint %d) does not list every segment after checkpoint %d", ErrSegmentGone, log.Task, base.Seq, from)
+		}
+	}
+	if from == base.Seq {
+		return rep, nil
+	}
+	s, err := checkpoint.Open(dir, opts)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { _ = s.Close() }()
+	for _, seg := range base.Segments {
+		if seg.Seq <= from {
+			continue
+		}
+		b, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
+		if err != nil {
+			return rep, err
+		}
+		if _, err := s.ApplyBatch(b, false); err != nil {
+			return rep, fmt.Errorf("scaleout: %s: apply checkpoint %d: %w", log.Task, seg.Seq, err)
+		}
+		rep.Applied++
+		rep.Bytes += int64(len(b))
+	}
+	if m, ok := s.Latest(); !ok || m.ID != base.Seq {
+		return rep, fmt.Errorf("scaleout: %s: restored to checkpoint %d, want %d", log.Task, m.ID, base.Seq)
+	}
+	return rep, s.Close()
+}
+
+// coversAfter reports whether segs (in seq order) hold segments up to
+// checkpoint to after from: some segment follows from and the last is to's.
+// That they form an unbroken sequence is checked as they are applied: each
+// batch names its predecessor (checkpoint.ApplyBatch refuses a gap).
+func coversAfter(segs []Segment, from, to uint64) bool {
+	if from == to {
+		return true
+	}
+	n := 0
+	var last uint64
+	for _, s := range segs {
+		if s.Seq > from {
+			n++
+			last = s.Seq
+		}
+	}
+	return n > 0 && last == to
+}
+
+// localCheckpoint reads dir's latest checkpoint and the owner epoch that
+// wrote it (ok false when dir holds none).
+func localCheckpoint(dir string, opts checkpoint.Options) (id, epoch uint64, ok bool, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return 0, 0, false, nil
+	}
+	s, err := checkpoint.Open(dir, opts)
+	if err != nil {
+		if errors.Is(err, checkpoint.ErrIncompleteRestore) || errors.Is(err, checkpoint.ErrCorrupt) {
+			return 0, 0, false, os.RemoveAll(dir) // rebuilt from the broker
+		}
+		return 0, 0, false, err
+	}
+	defer func() { _ = s.Close() }()
+	m, ok := s.Latest()
+	if !ok {
+		return 0, 0, false, nil
+	}
+	offs, err := s.Offsets()
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if b := offs[OwnerEpochKey]; len(b) == 8 {
+		epoch = binary.BigEndian.Uint64(b)
+	}
+	return m.ID, epoch, true, nil
+}
+
+type countingReader struct {
+	r interface{ Read([]byte) (int, error) }
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
+}
