@@ -170,9 +170,13 @@ func TestWriterHandOverAndFence(t *testing.T) {
 	if err := b.commit(ctx, 7, kvPart{"k7": "v7"}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := a.f.Decide(r.log.Task, b.w.OwnerEpoch(), 7); v != Valid {
-		t.Fatalf("A's follower decides B's checkpoint 7 is %v, want valid", v)
-	}
+	// A's follower learns B's record as it long-polls: eventually.
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if v, _ := a.f.Decide(r.log.Task, b.w.OwnerEpoch(), 7); v != Valid {
+			return fmt.Errorf("A's follower decides B's checkpoint 7 is %v, want valid", v)
+		}
+		return nil
+	})
 	if info, ok := a.f.SinkInfo(r.log.Task, "out", 7); !ok || !bytes.Equal(info, []byte{7}) {
 		t.Fatalf("sink info of checkpoint 7: %v %v", info, ok)
 	}
