@@ -15,6 +15,7 @@ type jobRun struct {
 	tasks     []*taskInfo
 	senderIdx map[[2]int]int // (task index, exchange node id) -> sender index
 	hooks     *runHooks      // hooks.go
+	scope     *taskScope     // scale-out: the task this run is (scope.go); nil otherwise
 }
 
 // taskInfo is one task to run: a source split, a keyed subtask or a sink.
@@ -22,6 +23,9 @@ type taskInfo struct {
 	idx     int
 	node    *node
 	subtask int // split index for sources, subtask for keyed operators
+	// repart marks a scale-out keyed stage's input task: it reads the
+	// stage's repartition queue and feeds node (scope.go).
+	repart bool
 }
 
 // port is a task's output towards one exchange node (a keyed operator's
@@ -50,9 +54,17 @@ func (r *jobRun) plan(ctx context.Context) error {
 			r.tasks = append(r.tasks, &taskInfo{idx: len(r.tasks), node: n, subtask: i})
 		}
 	}
+	if sc := r.scope; sc != nil && sc.head.exchange {
+		r.tasks = append(r.tasks, &taskInfo{idx: len(r.tasks), node: sc.head, repart: true})
+	}
 	for _, t := range r.tasks {
-		seen := make(map[*node]bool)
-		for _, x := range reachable(t.node, seen) {
+		var targets []*node
+		if t.repart {
+			targets = []*node{t.node}
+		} else {
+			targets = reachable(t.node, make(map[*node]bool), r.remote)
+		}
+		for _, x := range targets {
 			r.senderIdx[[2]int{t.idx, x.id}] = x.senders
 			x.senders++
 		}
@@ -60,6 +72,9 @@ func (r *jobRun) plan(ctx context.Context) error {
 	for _, n := range j.nodes {
 		n.stats = r.engine.Operator(n.uid, n.kind)
 		if n.exchange && n.senders == 0 {
+			if !r.inScope(n) || r.remote(n) {
+				continue // another task's part of the graph
+			}
 			return fmt.Errorf("%w: operator %q has no input", ErrInvalidGraph, n.uid)
 		}
 		if n.setup != nil {
@@ -69,28 +84,36 @@ func (r *jobRun) plan(ctx context.Context) error {
 		}
 	}
 	for _, n := range j.nodes {
-		if n.restore != nil {
+		if n.restore != nil && r.inScope(n) {
 			if err := n.restore(ctx, r); err != nil {
 				return fmt.Errorf("pipeline: restore %q: %w", n.uid, err)
 			}
 		}
 	}
 	for _, t := range r.tasks {
-		if err := t.node.startTask(r, t); err != nil {
+		start := t.node.startTask
+		if t.repart {
+			start = t.node.startRepart
+		}
+		if err := start(r, t); err != nil {
 			return fmt.Errorf("pipeline: operator %q task %d: %w", t.node.uid, t.subtask, err)
 		}
 	}
-	r.enableDiscovery() // discovery.go
+	if r.scope == nil {
+		r.enableDiscovery() // discovery.go; scale-out tasks gain queues by rebalance
+	}
 	return nil
 }
 
 // reachable returns the exchange nodes a task headed by head sends to:
 // through its chained operators, side outputs and dead-letter policies.
-func reachable(head *node, seen map[*node]bool) []*node {
+// Nodes for which remote reports true (another scale-out stage's head) are
+// not among them: the task writes to their repartition topic instead.
+func reachable(head *node, seen map[*node]bool, remote func(*node) bool) []*node {
 	var out []*node
 	var walk func(n *node)
 	add := func(x *node) {
-		if x != nil && !seen[x] {
+		if x != nil && !seen[x] && !remote(x) {
 			seen[x] = true
 			out = append(out, x)
 		}
@@ -254,6 +277,25 @@ func flushPorts(ctx context.Context, ps []port) error {
 	for _, p := range ps {
 		if err := p.flush(ctx); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// syncer is a port whose output must be acknowledged by a broker before
+// its task acknowledges a checkpoint (a scale-out repartition port).
+type syncer interface {
+	sync(ctx context.Context) error
+}
+
+// syncPorts waits, before a checkpoint acknowledgement, until every port's
+// output is durable.
+func syncPorts(ctx context.Context, ps []port) error {
+	for _, p := range ps {
+		if s, ok := p.(syncer); ok {
+			if err := s.sync(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

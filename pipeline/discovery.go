@@ -97,7 +97,7 @@ func discoverSplits(n *node, d source.Discoverer, splits *[]source.Split) func(c
 // job: it becomes a new sender of every exchange node it reaches.
 func (r *jobRun) addTask(n *node, subtask int) error {
 	t := &taskInfo{idx: len(r.tasks), node: n, subtask: subtask}
-	targets := reachable(n, make(map[*node]bool))
+	targets := reachable(n, make(map[*node]bool), r.remote)
 	for _, x := range targets {
 		if x.addSender == nil {
 			return fmt.Errorf("pipeline: internal: operator %q cannot take a new input", x.uid)

@@ -65,6 +65,10 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
+	// RunWorker (worker.go)
+	ranges        int
+	workerGroup   string
+	snapshotEvery int
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).
@@ -163,6 +167,8 @@ type Job struct {
 	errs   []error
 	ran    bool
 	engine atomic.Pointer[runtime.Engine] // set by Run, read by Status
+	// scope restricts the job to one scale-out task (set by RunWorker).
+	scope *taskScope
 }
 
 // New returns an empty job named name.
@@ -266,6 +272,17 @@ type node struct {
 	// for one more sender, whose index is senders-1.
 	discover  func(ctx context.Context, r *jobRun) error
 	addSender func()
+
+	// Scale-out (scope.go): a keyed node declared PrePartitioned runs in
+	// its input's stage; buildRemote returns a keyed node's input when the
+	// node heads another stage (a port to its repartition topic);
+	// startRepart starts the task that feeds a keyed stage head from its
+	// repartition topic.
+	prePartitioned bool
+	buildRemote    func(b *chainBuilder) (any, error)
+	startRepart    func(r *jobRun, t *taskInfo) error
+	// src is a source node's source (RunWorker asks it for its topic).
+	src any
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
@@ -316,12 +333,13 @@ func (j *Job) Run(ctx context.Context) error {
 		Hooks:             j.cfg.obs.hooks,
 		MetricsAddr:       j.cfg.obs.metricsAddr,
 		DiscoveryInterval: j.cfg.discoveryInterval,
+		Commit:            j.commitHook(),
 	})
 	if err != nil {
 		return err
 	}
 	j.engine.Store(eng)
-	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int), hooks: newRunHooks(j.name, j.cfg.obs.hooks)}
+	r := &jobRun{job: j, engine: eng, senderIdx: make(map[[2]int]int), hooks: newRunHooks(j.name, j.cfg.obs.hooks), scope: j.scope}
 	if err := r.plan(ctx); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			// Asked to stop while starting (e.g. SIGTERM during a source's
@@ -339,6 +357,14 @@ func (j *Job) Run(ctx context.Context) error {
 		j.cfg.obs.onMetricsAddr(eng.MetricsAddr())
 	}
 	return eng.Run(ctx)
+}
+
+// commitHook is the scale-out task's checkpoint publisher (nil otherwise).
+func (j *Job) commitHook() runtime.CommitHook {
+	if j.scope == nil || j.scope.commit == nil {
+		return nil
+	}
+	return j.scope.commit
 }
 
 func (j *Job) validate() error {

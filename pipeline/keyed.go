@@ -15,9 +15,40 @@ import (
 // KeyedStream is a stream partitioned by key: records with equal keys go to
 // the same keyed subtask (by key group) and share per-key state there.
 type KeyedStream[K comparable, T any] struct {
-	s     *Stream[T]
-	key   func(T) K
-	codec Codec[K]
+	s      *Stream[T]
+	key    func(T) K
+	codec  Codec[K]
+	vcodec Codec[T] // records' codec across a repartition topic (scale-out)
+	// prePartitioned: the source already partitions records by this key.
+	prePartitioned bool
+}
+
+// WithCodec sets the codec of the stream's records where they cross the
+// network: a job running on many workers (RunWorker) sends a keyed
+// operator's input through its repartition topic. Default: JSON
+// (reflection-based); give a codec of your own on hot paths. A job that
+// runs in one process never encodes records.
+func (k *KeyedStream[K, T]) WithCodec(c Codec[T]) *KeyedStream[K, T] {
+	if c == nil {
+		k.s.n.job.errorf("WithCodec after %q: nil codec", k.s.n.uid)
+	}
+	k2 := *k
+	k2.vcodec = c
+	return &k2
+}
+
+// PrePartitioned declares that the source already partitions the stream by
+// this key: every record of one key is read from the same queue (its
+// producers used the key as sharding key, with a hash selector). A job
+// running on many workers (RunWorker) then runs the keyed operator in each
+// source queue's task, with that queue's keys, instead of sending its input
+// through a repartition topic. It must be applied to a stream read from a
+// single source; if the declaration is false, state of one key is split
+// over several tasks. A job that runs in one process ignores it.
+func (k *KeyedStream[K, T]) PrePartitioned() *KeyedStream[K, T] {
+	k2 := *k
+	k2.prePartitioned = true
+	return &k2
 }
 
 // KeyBy partitions s by key. K must be string, int, int64, uint64, int32 or
@@ -514,10 +545,19 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 	if stateCodecs != "" {
 		n.codecs += ";" + stateCodecs
 	}
+	n.prePartitioned = k.prePartitioned
+	vcodec := k.vcodec
+	if vcodec == nil {
+		vcodec = JSON[T]()
+	}
 	pool := newBatchPool[krec[K, T]]()
 	var ins []*inbox[krec[K, T]]
-	n.setup = func(*jobRun) error {
-		ins = make([]*inbox[krec[K, T]], n.parallelism)
+	n.setup = func(r *jobRun) error {
+		p := n.parallelism
+		if r.scope != nil {
+			p = 1 // a scale-out task runs one subtask over its key groups
+		}
+		ins = make([]*inbox[krec[K, T]], p)
 		for i := range ins {
 			ins[i] = newInbox[krec[K, T]](n.senders, pool)
 		}
@@ -529,6 +569,9 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		}
 	}
 	n.buildInput = func(b *chainBuilder) (any, error) {
+		if b.r.remote(n) {
+			return n.buildRemote(b)
+		}
 		s, err := b.sender(n)
 		if err != nil {
 			return nil, err
@@ -538,7 +581,21 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
 	}
-	n.taskCount = func(context.Context, *jobRun) (int, error) { return n.parallelism, nil }
+	n.buildRemote = func(b *chainBuilder) (any, error) {
+		return newRemotePort(b, n, k.key, k.codec, vcodec)
+	}
+	n.startRepart = func(r *jobRun, t *taskInfo) error {
+		return startRepartTask(r, t, n, ins[0], pool, k.codec, vcodec)
+	}
+	n.taskCount = func(_ context.Context, r *jobRun) (int, error) {
+		if r.scope == nil {
+			return n.parallelism, nil
+		}
+		if r.scope.local[n] {
+			return 1, nil
+		}
+		return 0, nil // another stage's head: its tasks run elsewhere
+	}
 	n.startTask = func(r *jobRun, t *taskInfo) error {
 		b := newChainBuilder(r, t)
 		emit, err := outputs[U](b, n.outs)
@@ -597,7 +654,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	}()
 	eng := kt.store.engine
 	maxP := kt.j.cfg.maxParallelism
-	start, end := state.KeyGroupRange(maxP, kt.n.parallelism, kt.sub)
+	start, end := kt.store.keyGroupsOf(kt.n, kt.sub)
 	bopts := []state.BackendOption{state.WithKeyGroupRange(start, end)}
 	if kt.j.cfg.stateBuffer > 0 {
 		bopts = append(bopts, state.WithWriteBufferLimit(kt.j.cfg.stateBuffer))
@@ -662,6 +719,9 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
 	aligned := func() (bool, error) {
 		if err := flushPorts(ctx, ports); err != nil {
+			return false, err
+		}
+		if err := syncPorts(ctx, ports); err != nil {
 			return false, err
 		}
 		kt.b.flushCounters()

@@ -96,7 +96,12 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
 	}
-	n.taskCount = func(context.Context, *jobRun) (int, error) { return 1, nil }
+	n.taskCount = func(_ context.Context, r *jobRun) (int, error) {
+		if !r.inScope(n) {
+			return 0, nil // another scale-out task's sink
+		}
+		return 1, nil
+	}
 	if tpc != nil {
 		n.restore = func(ctx context.Context, r *jobRun) error {
 			all, err := r.engine.Store().PendingCommits()

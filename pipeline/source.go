@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
@@ -78,6 +79,7 @@ func FromSourceDecoded[S, T any](job *Job, uid string, src source.Source[S], dec
 
 func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(S) (T, error), rawOf func(S) []byte, validateDefault bool, opts []SourceOption) *Stream[T] {
 	n := j.addNode(uid, kindSource)
+	n.src = src
 	var cfg sourceConfig
 	for _, o := range opts {
 		o.applySource(&cfg)
@@ -97,10 +99,21 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		j.errorf("source %q is nil", uid)
 	}
 	var splits []source.Split
-	n.taskCount = func(ctx context.Context, _ *jobRun) (int, error) {
+	n.taskCount = func(ctx context.Context, r *jobRun) (int, error) {
+		if r.scope != nil && r.scope.head != n {
+			return 0, nil // another scale-out stage's source
+		}
 		var err error
 		if splits, err = src.Splits(ctx); err != nil {
 			return 0, err
+		}
+		if r.scope != nil {
+			// A scale-out task reads its own split only.
+			i := slices.IndexFunc(splits, func(s source.Split) bool { return s.ID == r.scope.split })
+			if i < 0 {
+				return 0, fmt.Errorf("split %q of this task is not among the source's %d splits", r.scope.split, len(splits))
+			}
+			splits = splits[i : i+1]
 		}
 		seen := make(map[string]bool, len(splits))
 		for _, s := range splits {
@@ -210,6 +223,9 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		if id, stop, ok := h.Trigger(); ok {
 			st.tr.barrier(id)
 			if err := flushPorts(ctx, ports); err != nil {
+				return err
+			}
+			if err := syncPorts(ctx, ports); err != nil {
 				return err
 			}
 			h.Ack(id, runtime.Ack{Offsets: offsets(), Part: st.wm.part()})

@@ -88,6 +88,8 @@ type CommitHook interface {
 	// ErrPublish: the checkpoint is durable locally but does not count, and
 	// nothing of it may be committed.
 	PublishCommit(ctx context.Context, md checkpoint.Metadata, c *checkpoint.Commit) error
+	// A hook that also has a Close() error method is closed before the
+	// engine closes its store.
 }
 
 // Engine runs one job's tasks and coordinates its checkpoints. Create it with
@@ -377,7 +379,11 @@ func (e *Engine) close() error {
 	if e.closed.Swap(true) {
 		return nil
 	}
-	err := e.store.Close()
+	var herr error
+	if c, ok := e.cfg.Commit.(interface{ Close() error }); ok {
+		herr = c.Close() // e.g. a snapshot still reading the store
+	}
+	err := errors.Join(herr, e.store.Close())
 	e.removeTmp()
 	return err
 }

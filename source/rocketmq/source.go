@@ -247,6 +247,9 @@ type bytesSource struct{ s *Source }
 
 func (b bytesSource) Splits(ctx context.Context) ([]source.Split, error) { return b.s.Splits(ctx) }
 
+// Topic is the source's topic.
+func (b bytesSource) Topic() string { return b.s.topic }
+
 func (b bytesSource) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
 	return b.s.DiscoverSplits(ctx)
 }
