@@ -69,6 +69,7 @@ type jobConfig struct {
 	ranges        int
 	workerGroup   string
 	snapshotEvery int
+	standbys      int
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).

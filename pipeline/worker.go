@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,6 +43,14 @@ func Ranges(n int) JobOption { return jobOptionFunc(func(c *jobConfig) { c.range
 // RunWorker join (default "runnel_" + the job's name). Every worker of one
 // job must use the same.
 func WorkerGroup(g string) JobOption { return jobOptionFunc(func(c *jobConfig) { c.workerGroup = g }) }
+
+// Standbys sets how many workers of a job run with RunWorker keep a warm
+// copy of each task's state besides its owner (default 0): a standby
+// applies the task's published checkpoints as they come, so that when the
+// owner dies, the worker that inherits the task (most often the standby:
+// see internal/scaleout.StandbyOf) replays only the lag instead of
+// rebuilding the state from the broker's snapshot.
+func Standbys(n int) JobOption { return jobOptionFunc(func(c *jobConfig) { c.standbys = n }) }
 
 // SnapshotEvery sets how many checkpoints of a task may follow its latest
 // snapshot in the broker before the next is written (RunWorker; default
@@ -109,12 +118,29 @@ type worker struct {
 	producer *client.Producer
 	follower *scaleout.Follower
 	gc       *client.GroupConsumer
+	alloc    *recordingAllocator
 	wg       sync.WaitGroup
 
 	mu struct {
 		sync.Mutex
-		tasks map[protocol.MessageQueue]*taskRun
+		tasks    map[protocol.MessageQueue]*taskRun
+		standbys map[protocol.MessageQueue]*standbyRun
 	}
+}
+
+// Lock renewal of a worker's queues: the broker's expiry is 60 s by default
+// (Java); a worker renews every lockRenew and trusts a lock for lockValidity
+// after the request that granted it.
+const (
+	lockRenew    = 2 * time.Second
+	lockValidity = 20 * time.Second
+	lockRetry    = 100 * time.Millisecond
+)
+
+// standbyRun is a warm copy this worker keeps of a task it does not own.
+type standbyRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // taskRun is one task this worker owns.
@@ -128,6 +154,17 @@ type taskRun struct {
 	// publish another checkpoint.
 	lost chan struct{}
 	once sync.Once
+
+	// lockedUntil is when the task's broker lock stops being trusted (zero
+	// while the worker runs it without the lock, its holder having left).
+	lockMu      sync.Mutex
+	lockedUntil time.Time
+}
+
+// fence makes the task publish nothing more and stops it.
+func (tr *taskRun) fence() {
+	tr.once.Do(func() { close(tr.lost) })
+	tr.cancel()
 }
 
 func newWorker(ctx context.Context, c *client.Client, name string, build func(*Job) error, opts []JobOption) (*worker, error) {
@@ -238,6 +275,7 @@ func (st *stageInfo) taskLog(id scaleout.TaskID) scaleout.TaskLog {
 
 func (w *worker) run(ctx context.Context) (err error) {
 	w.mu.tasks = map[protocol.MessageQueue]*taskRun{}
+	w.mu.standbys = map[protocol.MessageQueue]*standbyRun{}
 	p, err := client.NewProducer(w.c, w.group+"_worker")
 	if err != nil {
 		return err
@@ -255,8 +293,12 @@ func (w *worker) run(ctx context.Context) (err error) {
 	if err := w.checkFingerprint(ctx); err != nil {
 		return err
 	}
-	gc, err := client.NewGroupConsumer(w.c, w.group, client.WithAllocator(scaleout.Sticky()),
-		client.WithQueueLocking(true), client.WithListener(w))
+	// The worker locks its queues itself (not the group consumer's locking
+	// mode): a queue whose lock holder has left the group is taken at once,
+	// the commit chain fencing the old holder, instead of after the broker
+	// expires the lock (60 s by default).
+	w.alloc = &recordingAllocator{inner: scaleout.Sticky(), seen: map[string]allocInput{}}
+	gc, err := client.NewGroupConsumer(w.c, w.group, client.WithAllocator(w.alloc), client.WithListener(w))
 	if err != nil {
 		return err
 	}
@@ -269,13 +311,52 @@ func (w *worker) run(ctx context.Context) (err error) {
 	if err := gc.Start(ctx); err != nil {
 		return errors.Join(err, gc.Close())
 	}
-	w.log.Info("worker started", "job", w.name, "group", w.group, "stages", len(w.stages))
+	loops, stopLoops := context.WithCancel(context.Background())
+	var lw sync.WaitGroup
+	lw.Go(func() { w.lockLoop(loops) })
+	if w.cfg.standbys > 0 {
+		lw.Go(func() { w.standbyLoop(loops) })
+	}
+	w.log.Info("worker started", "job", w.name, "group", w.group, "stages", len(w.stages), "standbys", w.cfg.standbys)
 	<-ctx.Done()
 	// Close revokes every queue (OnRevoke stops its task with a final
-	// checkpoint) before unlocking them.
+	// checkpoint and unlocks it).
 	cerr := gc.Close()
+	stopLoops()
+	lw.Wait()
+	w.stopStandbys(nil)
 	w.wg.Wait()
 	return cerr
+}
+
+// allocInput is what the group consumer last allocated one topic from.
+type allocInput struct {
+	members []string
+	queues  []protocol.MessageQueue
+}
+
+// recordingAllocator allocates with inner and remembers the member and
+// queue lists per topic (the worker places standbys from them).
+type recordingAllocator struct {
+	inner client.Allocator
+	mu    sync.Mutex
+	seen  map[string]allocInput
+}
+
+func (a *recordingAllocator) Allocate(self string, members []string, queues []protocol.MessageQueue) []protocol.MessageQueue {
+	if len(queues) > 0 {
+		a.mu.Lock()
+		a.seen[queues[0].Topic] = allocInput{members: slices.Clone(members), queues: slices.Clone(queues)}
+		a.mu.Unlock()
+	}
+	return a.inner.Allocate(self, members, queues)
+}
+
+func (a *recordingAllocator) input(topic string) (allocInput, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	in, ok := a.seen[topic]
+	return in, ok
 }
 
 // checkFingerprint refuses to start when any task's latest record was
@@ -306,6 +387,7 @@ func (w *worker) OnAssign(_ context.Context, qs []protocol.MessageQueue) {
 		if st == nil {
 			continue
 		}
+		w.stopStandbys([]protocol.MessageQueue{q}) // its copy becomes the owner's store
 		w.mu.Lock()
 		if w.mu.tasks[q] != nil {
 			w.mu.Unlock()
@@ -325,9 +407,9 @@ func (w *worker) OnAssign(_ context.Context, qs []protocol.MessageQueue) {
 // stopTimeout bounds a task's final checkpoint on revocation.
 const stopTimeout = 30 * time.Second
 
-// OnRevoke stops the queues' tasks, each with a final checkpoint, before
-// the group hands the queues back.
-func (w *worker) OnRevoke(_ context.Context, qs []protocol.MessageQueue) {
+// OnRevoke stops the queues' tasks, each with a final checkpoint, then
+// releases their locks.
+func (w *worker) OnRevoke(ctx context.Context, qs []protocol.MessageQueue) {
 	var stopping []*taskRun
 	w.mu.Lock()
 	for _, q := range qs {
@@ -342,37 +424,127 @@ func (w *worker) OnRevoke(_ context.Context, qs []protocol.MessageQueue) {
 	}
 	t := time.NewTimer(stopTimeout)
 	defer t.Stop()
+	var unlock []protocol.MessageQueue
 	for _, tr := range stopping {
 		select {
 		case <-tr.done:
 		case <-t.C:
 			w.log.Warn("task did not stop in time; its lock is released anyway (the chain fences it)", "task", tr.id.String())
-			tr.once.Do(func() { close(tr.lost) })
+			tr.fence()
 		}
+		unlock = append(unlock, tr.q)
+	}
+	if len(unlock) > 0 {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		w.gc.UnlockQueues(uctx, unlock...)
+		cancel()
 	}
 }
 
-// OnLockLost fences the queues' tasks at once: they publish nothing more.
-func (w *worker) OnLockLost(_ context.Context, qs []protocol.MessageQueue) {
-	w.mu.Lock()
-	var lost []*taskRun
-	for _, q := range qs {
-		if tr := w.mu.tasks[q]; tr != nil {
-			delete(w.mu.tasks, q)
-			lost = append(lost, tr)
+// acquire waits until the task's queue is locked for this worker, or its
+// lock holder (the writer of the task's latest commit record) is not a
+// member of the group any more: then the task runs without the lock
+// (lockLoop takes it once the broker expires the old one) and its claim
+// fences the old holder. It returns false when ctx ends first.
+func (w *worker) acquire(ctx context.Context, tr *taskRun) bool {
+	logged := false
+	for ctx.Err() == nil {
+		sent := time.Now()
+		if got := w.gc.LockQueues(ctx, tr.q); len(got) == 1 {
+			tr.lockMu.Lock()
+			tr.lockedUntil = sent.Add(lockValidity)
+			tr.lockMu.Unlock()
+			return true
+		}
+		holder := ""
+		if v, err := w.follower.View(tr.id.String()); err == nil && v.Latest != nil {
+			holder = v.Latest.Worker
+		}
+		members, err := w.gc.Members(ctx, tr.q.Topic)
+		if err == nil && (holder == "" || !slices.Contains(members, holder)) {
+			w.log.Info("taking a task whose lock holder left the group", "task", tr.id.String(), "holder", holder)
+			return true
+		}
+		if !logged {
+			w.log.Info("waiting for a task's lock", "task", tr.id.String(), "holder", holder)
+			logged = true
+		}
+		if backoff.Sleep(ctx, lockRetry) != nil {
+			return false
 		}
 	}
-	w.mu.Unlock()
-	for _, tr := range lost {
-		w.log.Warn("queue lock lost: stopping its task before its next commit", "task", tr.id.String())
-		tr.once.Do(func() { close(tr.lost) })
-		tr.cancel()
+	return false
+}
+
+// lockLoop renews the locks of the worker's tasks, takes those it runs
+// without one as soon as the broker grants them, and fences a task whose
+// lock another member now holds or whose lock could not be renewed within
+// its validity.
+func (w *worker) lockLoop(ctx context.Context) {
+	t := time.NewTicker(lockRenew)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		trs := make([]*taskRun, 0, len(w.mu.tasks))
+		for _, tr := range w.mu.tasks {
+			trs = append(trs, tr)
+		}
+		w.mu.Unlock()
+		if len(trs) == 0 {
+			continue
+		}
+		qs := make([]protocol.MessageQueue, len(trs))
+		for i, tr := range trs {
+			qs[i] = tr.q
+		}
+		sent := time.Now()
+		granted := w.gc.LockQueues(ctx, qs...)
+		members := map[string][]string{}
+		for _, tr := range trs {
+			tr.lockMu.Lock()
+			had := !tr.lockedUntil.IsZero()
+			if slices.Contains(granted, tr.q) {
+				tr.lockedUntil = sent.Add(lockValidity)
+				tr.lockMu.Unlock()
+				continue
+			}
+			lapsed := had && time.Now().After(tr.lockedUntil)
+			tr.lockMu.Unlock()
+			if !had {
+				continue // still waiting for the departed holder's lock to expire
+			}
+			// Refused: another member holds it (we lost it while paused, or
+			// the broker restarted and someone locked first), or the request
+			// failed and the validity lapsed.
+			ms, ok := members[tr.q.Topic]
+			if !ok {
+				ms, _ = w.gc.Members(ctx, tr.q.Topic)
+				members[tr.q.Topic] = ms
+			}
+			if lapsed || ms != nil {
+				w.log.Warn("queue lock lost: stopping its task before its next commit", "task", tr.id.String())
+				w.mu.Lock()
+				if w.mu.tasks[tr.q] == tr {
+					delete(w.mu.tasks, tr.q)
+				}
+				w.mu.Unlock()
+				tr.fence()
+			}
+		}
 	}
 }
 
 // runTask runs a task until its ctx ends, claiming and running it again
 // after a failure.
 func (w *worker) runTask(ctx context.Context, tr *taskRun) {
+	if !w.acquire(ctx, tr) {
+		return
+	}
 	bo := backoff.Policy{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		err := w.runTaskOnce(ctx, tr)
@@ -494,3 +666,123 @@ func (h *publishHook) PublishCommit(ctx context.Context, md checkpoint.Metadata,
 // Close waits for a snapshot in progress (before the engine closes the
 // store).
 func (h *publishHook) Close() error { return h.w.Close() }
+
+// standbyEvery is how often a worker reconsiders which tasks it keeps warm
+// copies of (and a copy catches up at the latest).
+const standbyEvery = 500 * time.Millisecond
+
+// standbyLoop keeps the worker's standby copies: for every task it does not
+// own and for which it is among the Standbys best-scoring members besides
+// the owner, a copy in the task's directory that follows the task's
+// published checkpoints.
+func (w *worker) standbyLoop(ctx context.Context) {
+	t := time.NewTicker(standbyEvery)
+	defer t.Stop()
+	self := w.c.ClientID()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		want := map[protocol.MessageQueue]*stageInfo{}
+		for _, st := range w.stages {
+			in, ok := w.alloc.input(st.input)
+			if !ok {
+				continue
+			}
+			for _, q := range in.queues {
+				if slices.Contains(standbysOf(in.members, in.queues, q, w.cfg.standbys), self) {
+					want[q] = st
+				}
+			}
+		}
+		var drop []protocol.MessageQueue
+		w.mu.Lock()
+		for q := range w.mu.standbys {
+			if want[q] == nil || w.mu.tasks[q] != nil {
+				drop = append(drop, q)
+			}
+		}
+		for q, st := range want {
+			if w.mu.tasks[q] != nil || w.mu.standbys[q] != nil {
+				continue
+			}
+			sctx, cancel := context.WithCancel(ctx)
+			sb := &standbyRun{cancel: cancel, done: make(chan struct{})}
+			w.mu.standbys[q] = sb
+			id := taskOf(st, q)
+			w.wg.Go(func() {
+				defer close(sb.done)
+				w.runStandby(sctx, st, id)
+			})
+		}
+		w.mu.Unlock()
+		w.stopStandbys(drop)
+	}
+}
+
+// standbysOf returns the n best-scoring members for q besides its owner.
+func standbysOf(members []string, queues []protocol.MessageQueue, q protocol.MessageQueue, n int) []string {
+	var out []string
+	rest := members
+	for range n {
+		sb := scaleout.StandbyOf(rest, queues, q)
+		if sb == "" {
+			break
+		}
+		out = append(out, sb)
+		rest = slices.DeleteFunc(slices.Clone(rest), func(m string) bool { return m == sb })
+		if len(rest) < 2 {
+			break
+		}
+	}
+	return out
+}
+
+// stopStandbys stops the copies of qs (every copy when qs is nil) and
+// waits for them.
+func (w *worker) stopStandbys(qs []protocol.MessageQueue) {
+	w.mu.Lock()
+	var stop []*standbyRun
+	for q, sb := range w.mu.standbys {
+		if qs == nil || slices.Contains(qs, q) {
+			delete(w.mu.standbys, q)
+			stop = append(stop, sb)
+		}
+	}
+	w.mu.Unlock()
+	for _, sb := range stop {
+		sb.cancel()
+		<-sb.done
+	}
+}
+
+// runStandby keeps the task's directory at the task's latest published
+// checkpoint, applying each one's changes as it is confirmed.
+func (w *worker) runStandby(ctx context.Context, st *stageInfo, id scaleout.TaskID) {
+	tl := st.taskLog(id)
+	dir := filepath.Join(w.cfg.dir, "tasks", id.Dir())
+	var at uint64
+	for ctx.Err() == nil {
+		changed := w.follower.Changed()
+		v, err := w.follower.View(tl.Task)
+		if err == nil && v.Latest != nil && v.Latest.Seq != at {
+			rep, err := scaleout.Restore(ctx, w.c, w.group, tl, dir, v.Latest, v, checkpoint.Options{Fingerprint: w.fp, Logger: w.log})
+			switch {
+			case err == nil:
+				at = v.Latest.Seq
+				if !rep.Reused || rep.Applied > 0 {
+					w.log.Debug("standby caught up", "task", tl.Task, "checkpoint", at, "segments", rep.Applied, "snapshot", rep.FromSnapshot)
+				}
+			case ctx.Err() == nil:
+				w.log.Warn("standby could not follow its task; retried", "task", tl.Task, "err", err)
+				_ = backoff.Sleep(ctx, time.Second)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		}
+	}
+}
