@@ -126,6 +126,10 @@ type worker struct {
 		tasks    map[protocol.MessageQueue]*taskRun
 		standbys map[protocol.MessageQueue]*standbyRun
 	}
+	// status (worker_status.go)
+	statusMu  sync.Mutex
+	handoffs  []WorkerHandoff
+	standbyAt map[string]uint64
 }
 
 // Lock renewal of a worker's queues: the broker's expiry is 60 s by default
@@ -159,6 +163,15 @@ type taskRun struct {
 	// while the worker runs it without the lock, its holder having left).
 	lockMu      sync.Mutex
 	lockedUntil time.Time
+
+	// status (worker_status.go)
+	statusMu sync.Mutex
+	state    string
+	owner    uint64
+	since    time.Time
+	restore  *RestoreStatus
+	lastErr  string
+	job      *Job
 }
 
 // fence makes the task publish nothing more and stops it.
@@ -276,6 +289,7 @@ func (st *stageInfo) taskLog(id scaleout.TaskID) scaleout.TaskLog {
 func (w *worker) run(ctx context.Context) (err error) {
 	w.mu.tasks = map[protocol.MessageQueue]*taskRun{}
 	w.mu.standbys = map[protocol.MessageQueue]*standbyRun{}
+	w.standbyAt = map[string]uint64{}
 	p, err := client.NewProducer(w.c, w.group+"_worker")
 	if err != nil {
 		return err
@@ -310,6 +324,13 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}
 	if err := gc.Start(ctx); err != nil {
 		return errors.Join(err, gc.Close())
+	}
+	if w.cfg.statusAddr != "" {
+		stop, err := w.serveStatus(ctx, w.cfg.statusAddr, w.cfg.onStatusAddr)
+		if err != nil {
+			return errors.Join(err, gc.Close())
+		}
+		defer stop()
 	}
 	loops, stopLoops := context.WithCancel(context.Background())
 	var lw sync.WaitGroup
@@ -394,9 +415,11 @@ func (w *worker) OnAssign(_ context.Context, qs []protocol.MessageQueue) {
 			continue
 		}
 		tctx, cancel := context.WithCancel(context.Background())
-		tr := &taskRun{q: q, stage: st, id: taskOf(st, q), cancel: cancel, done: make(chan struct{}), lost: make(chan struct{})}
+		tr := &taskRun{q: q, stage: st, id: taskOf(st, q), cancel: cancel, done: make(chan struct{}), lost: make(chan struct{}),
+			state: "waiting-lock", since: time.Now()}
 		w.mu.tasks[q] = tr
 		w.mu.Unlock()
+		w.handoff(tr.id.String(), "assigned", "")
 		w.wg.Go(func() {
 			defer close(tr.done)
 			w.runTask(tctx, tr)
@@ -420,6 +443,7 @@ func (w *worker) OnRevoke(ctx context.Context, qs []protocol.MessageQueue) {
 	}
 	w.mu.Unlock()
 	for _, tr := range stopping {
+		w.handoff(tr.id.String(), "revoked", "")
 		tr.cancel()
 	}
 	t := time.NewTimer(stopTimeout)
@@ -528,6 +552,7 @@ func (w *worker) lockLoop(ctx context.Context) {
 			}
 			if lapsed || ms != nil {
 				w.log.Warn("queue lock lost: stopping its task before its next commit", "task", tr.id.String())
+				w.handoff(tr.id.String(), "fenced", "queue lock lost")
 				w.mu.Lock()
 				if w.mu.tasks[tr.q] == tr {
 					delete(w.mu.tasks, tr.q)
@@ -554,6 +579,14 @@ func (w *worker) runTask(ctx context.Context, tr *taskRun) {
 			}
 			return
 		}
+		tr.statusMu.Lock()
+		tr.state, tr.lastErr = "failed", err.Error()
+		tr.statusMu.Unlock()
+		ev := "failed"
+		if errors.Is(err, scaleout.ErrFenced) {
+			ev = "fenced"
+		}
+		w.handoff(tr.id.String(), ev, err.Error())
 		if errors.Is(err, scaleout.ErrFingerprint) || errors.Is(err, scaleout.ErrStaleLocalState) {
 			w.log.Error("task cannot run on this worker", "task", tr.id.String(), "err", err)
 		} else {
@@ -568,6 +601,7 @@ func (w *worker) runTask(ctx context.Context, tr *taskRun) {
 func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	st, id := tr.stage, tr.id
 	tl := st.taskLog(id)
+	tr.setState("claiming")
 	cfg := scaleout.WriterConfig{Client: w.c, Producer: w.producer, Follower: w.follower, Group: w.group, Log: tl,
 		Worker: w.c.ClientID(), Fingerprint: w.fpHash, SnapshotEvery: w.cfg.snapshotEvery, Logger: w.log}
 	wr, base, err := scaleout.Claim(ctx, cfg)
@@ -580,9 +614,18 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 		return err
 	}
 	dir := filepath.Join(w.cfg.dir, "tasks", id.Dir())
+	tr.statusMu.Lock()
+	tr.state, tr.owner = "restoring", wr.OwnerEpoch()
+	tr.statusMu.Unlock()
+	w.handoff(tl.Task, "claimed", fmt.Sprintf("owner epoch %d", wr.OwnerEpoch()))
+	started := time.Now()
 	rep, err := scaleout.Restore(ctx, w.c, w.group, tl, dir, base, v, checkpoint.Options{Fingerprint: w.fp, Logger: w.log})
 	if err != nil {
 		return err
+	}
+	rs := &RestoreStatus{Reused: rep.Reused, FromSnapshot: rep.FromSnapshot, Segments: rep.Applied, Bytes: rep.Bytes, Duration: time.Since(started)}
+	if base != nil {
+		rs.Checkpoint = base.Seq
 	}
 	w.log.Info("task restored", "task", tl.Task, "owner epoch", wr.OwnerEpoch(), "reused", rep.Reused, "snapshot", rep.FromSnapshot,
 		"segments", rep.Applied, "bytes", rep.Bytes)
@@ -613,6 +656,9 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	}
 	sc.commit = &publishHook{w: wr, j: j, lost: tr.lost}
 	j.scope = sc
+	tr.statusMu.Lock()
+	tr.state, tr.restore, tr.job, tr.lastErr, tr.since = "running", rs, j, "", time.Now()
+	tr.statusMu.Unlock()
 	return j.Run(ctx)
 }
 
@@ -772,6 +818,9 @@ func (w *worker) runStandby(ctx context.Context, st *stageInfo, id scaleout.Task
 			switch {
 			case err == nil:
 				at = v.Latest.Seq
+				w.statusMu.Lock()
+				w.standbyAt[tl.Task] = at
+				w.statusMu.Unlock()
 				if !rep.Reused || rep.Applied > 0 {
 					w.log.Debug("standby caught up", "task", tl.Task, "checkpoint", at, "segments", rep.Applied, "snapshot", rep.FromSnapshot)
 				}

@@ -2,9 +2,11 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -113,6 +115,7 @@ func TestWorkerKeyedStageAcrossWorkers(t *testing.T) {
 		cancel context.CancelFunc
 		done   chan error
 	}
+	statusAddr := make(chan string, 1)
 	start := func(name string) running {
 		c := cl.NewClient(t, client.WithInstanceName(name))
 		build := func(j *pipeline.Job) error {
@@ -129,10 +132,12 @@ func TestWorkerKeyedStageAcrossWorkers(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		dir := filepath.Join(t.TempDir(), name)
-		go func() {
-			done <- pipeline.RunWorker(ctx, c, "wkjob", build, pipeline.CheckpointDir(dir), pipeline.Ranges(4),
-				pipeline.CheckpointInterval(200*time.Millisecond), pipeline.Logger(log), pipeline.WorkerGroup("wk_group"))
-		}()
+		opts := []pipeline.JobOption{pipeline.CheckpointDir(dir), pipeline.Ranges(4),
+			pipeline.CheckpointInterval(200 * time.Millisecond), pipeline.Logger(log), pipeline.WorkerGroup("wk_group")}
+		if name == "wA" {
+			opts = append(opts, pipeline.StatusAddress("127.0.0.1:0", func(a string) { statusAddr <- a }))
+		}
+		go func() { done <- pipeline.RunWorker(ctx, c, "wkjob", build, opts...) }()
 		return running{cancel: cancel, done: done}
 	}
 	stop := func(r running) {
@@ -150,6 +155,34 @@ func TestWorkerKeyedStageAcrossWorkers(t *testing.T) {
 	a, b := start("wA"), start("wB")
 	produce(perPhase)
 	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return out.check(want) })
+	// Worker A's /status: the tasks it runs, and every task's owner as the
+	// commit chains say (each of the 8 tasks owned by A or B).
+	addr := <-statusAddr
+	testutil.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + addr + "/status")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var st pipeline.WorkerStatus
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			return err
+		}
+		running := 0
+		for _, tk := range st.Tasks {
+			if tk.State == "running" {
+				running++
+			}
+		}
+		owners := map[string]int{}
+		for _, ch := range st.Chains {
+			owners[ch.Owner]++
+		}
+		if running == 0 || len(st.Chains) != 8 || owners["127.0.0.1@wA"]+owners["127.0.0.1@wB"] != 8 || owners["127.0.0.1@wA"] != running {
+			return fmt.Errorf("status: %d running tasks, chains %+v", running, st.Chains)
+		}
+		return nil
+	})
 	c3 := start("wC")
 	produce(perPhase)
 	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return out.check(want) })
