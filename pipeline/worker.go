@@ -99,7 +99,8 @@ type stageInfo struct {
 	layout  scaleout.Layout
 	commit  string
 	change  string
-	origins []string // keyed: the tasks of the stages feeding it
+	origins  []string // keyed: the tasks of the stages feeding it
+	upstream []string // keyed: the heads of those stages
 }
 
 type worker struct {
@@ -257,6 +258,7 @@ func (w *worker) plan(ctx context.Context, tmpl *Job) error {
 			for _, o := range n.outs {
 				if o != h && isStageHead(o) && o.kind != kindSource {
 					up := w.stages[h.uid]
+					w.stages[o.uid].upstream = append(w.stages[o.uid].upstream, h.uid)
 					for _, q := range up.layout.Queues(up.input) {
 						w.stages[o.uid].origins = append(w.stages[o.uid].origins, taskOf(up, q).String())
 					}
@@ -402,11 +404,17 @@ func (w *worker) checkFingerprint(ctx context.Context) error {
 }
 
 // OnAssign starts a task for every queue gained.
-func (w *worker) OnAssign(_ context.Context, qs []protocol.MessageQueue) {
+func (w *worker) OnAssign(ctx context.Context, qs []protocol.MessageQueue) {
 	for _, q := range qs {
 		st := w.byIn[q.Topic]
 		if st == nil {
 			continue
+		}
+		if q.QueueID >= w.layoutOf(st)[q.BrokerName] {
+			if err := w.extend(ctx, st); err != nil {
+				w.log.Warn("a new queue of the job's input could not be given its job topics; it is left to the next rebalance", "queue", q.String(), "err", err)
+				continue
+			}
 		}
 		w.stopStandbys([]protocol.MessageQueue{q}) // its copy becomes the owner's store
 		w.mu.Lock()
@@ -425,6 +433,42 @@ func (w *worker) OnAssign(_ context.Context, qs []protocol.MessageQueue) {
 			w.runTask(tctx, tr)
 		})
 	}
+}
+
+// extend grows a source stage to its topic's current queues (queues were
+// added to the topic): the job topics get the queues, the follower the new
+// tasks' chains, and keyed stages fed by it the new origins.
+func (w *worker) extend(ctx context.Context, st *stageInfo) error {
+	if st.keyed {
+		return fmt.Errorf("keyed stage %s has a fixed number of ranges", st.head)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	l, err := scaleout.SourceLayout(ctx, w.c, st.input)
+	if err != nil {
+		return err
+	}
+	if err := scaleout.EnsureTopics(ctx, w.c, w.name, st.head, l, scaleout.KindCommit, scaleout.KindChangelog); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	old := st.layout
+	st.layout = l
+	for _, q := range l.Queues(st.input) {
+		if q.QueueID < old[q.BrokerName] {
+			continue
+		}
+		id := taskOf(st, q)
+		w.follower.Follow(id.String(), st.taskLog(id).Commit)
+		for _, down := range w.stages {
+			if down.keyed && slices.Contains(down.upstream, st.head) {
+				down.origins = append(down.origins, id.String())
+			}
+		}
+		w.log.Info("new queue of the job's input: a new task", "task", id.String())
+	}
+	return nil
 }
 
 // stopTimeout bounds a task's final checkpoint on revocation.
@@ -641,10 +685,13 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	if head == nil {
 		return fmt.Errorf("%w: the build has no operator %q", ErrInvalidGraph, st.head)
 	}
-	sc := &taskScope{head: head, local: stageNodes(head), task: tl.Task, owner: wr.OwnerEpoch(), origins: st.origins,
+	w.mu.Lock()
+	origins := slices.Clone(st.origins)
+	w.mu.Unlock()
+	sc := &taskScope{head: head, local: stageNodes(head), task: tl.Task, owner: wr.OwnerEpoch(), origins: origins,
 		io: &scaleIO{client: w.c, producer: w.producer, group: w.group, dec: w.follower, repart: w.repartOf}}
 	if st.keyed {
-		queues := st.layout.Queues(st.input)
+		queues := w.layoutOf(st).Queues(st.input)
 		r := indexOf(queues, tr.q)
 		if r < 0 {
 			return fmt.Errorf("pipeline: queue %s is not in %s's layout", tr.q, st.head)
@@ -678,7 +725,14 @@ func (w *worker) repartOf(n *node) (string, []protocol.MessageQueue) {
 	if st == nil {
 		return "", nil
 	}
-	return st.input, st.layout.Queues(st.input)
+	return st.input, w.layoutOf(st).Queues(st.input)
+}
+
+// layoutOf returns st's layout (extend may replace it).
+func (w *worker) layoutOf(st *stageInfo) scaleout.Layout {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return st.layout
 }
 
 // publishHook publishes a task's checkpoints through its writer.

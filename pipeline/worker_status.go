@@ -148,7 +148,7 @@ func (w *worker) status() WorkerStatus {
 	st.Handoffs = slices.Clone(w.handoffs)
 	w.statusMu.Unlock()
 	for _, s := range w.stageList() {
-		for _, q := range s.layout.Queues(s.input) {
+		for _, q := range w.layoutOf(s).Queues(s.input) {
 			id := taskOf(s, q).String()
 			cs := WorkerChainState{Task: id}
 			if v, err := w.follower.View(id); err == nil && v.Latest != nil {
