@@ -11,6 +11,7 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Semaphore;
@@ -287,7 +288,7 @@ final class Producers {
 
     // tx --topic T --count N --local commit|rollback|unknown[,...]
     //   [--check commit|rollback|unknown[,...]] [--linger-ms D]
-    //   [--want-checks C] [--group G]
+    //   [--want-checks C] [--until-resolved true] [--group G]
     // Sends N transactional messages; executeLocalTransaction answers message
     // i with --local's entry i % len, checkLocalTransaction with --check's
     // entry i % len, where an entry may be a sequence ("unknown>commit":
@@ -295,7 +296,9 @@ final class Producers {
     // commit). Each check-back prints a "check" event with the message as
     // Java decoded it from the broker's CHECK_TRANSACTION_STATE. Lingers up
     // to --linger-ms afterwards to answer check-backs, or until
-    // --want-checks have been answered.
+    // --want-checks have been answered, or with --until-resolved true until
+    // every message whose local answer was unknown got a commit or rollback
+    // answer from a check-back.
     public static void tx(Args a) throws Exception {
         String topic = a.req("topic");
         int count = a.num("count", 1);
@@ -308,6 +311,8 @@ final class Producers {
         p.setInstanceName(a.get("instance", "javapeer-" + ProcessHandle.current().pid()));
         AtomicInteger checks = new AtomicInteger();
         Map<String, AtomicInteger> checksOf = new ConcurrentHashMap<>();
+        Set<String> resolved = ConcurrentHashMap.newKeySet();
+        AtomicInteger unknowns = new AtomicInteger();
         p.setTransactionListener(new TransactionListener() {
             @Override public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
                 return state(local[Integer.parseInt(msg.getUserProperty("javapeer_i")) % local.length]);
@@ -319,6 +324,7 @@ final class Producers {
                 int n = checksOf.computeIfAbsent(msg.getTransactionId() + "", k -> new AtomicInteger()).incrementAndGet();
                 LocalTransactionState answer = state(seq[Math.min(n, seq.length) - 1]);
                 checks.incrementAndGet();
+                if (answer != LocalTransactionState.UNKNOW) resolved.add(msg.getTransactionId() + "");
                 Map<String, Object> ev = stored(msg);
                 ev.put("ev", "check");
                 ev.put("i", is);
@@ -333,6 +339,7 @@ final class Producers {
         try {
             for (int i = 0; i < count; i++) {
                 long t0 = System.currentTimeMillis();
+                if (state(local[i % local.length]) == LocalTransactionState.UNKNOW) unknowns.incrementAndGet();
                 TransactionSendResult r = p.sendMessageInTransaction(message(a, topic, i), null);
                 Map<String, Object> ev = sendEvent("tx", i, r, t0, System.currentTimeMillis(), new ArrayList<>());
                 ev.put("local", r.getLocalTransactionState().name());
@@ -341,8 +348,10 @@ final class Producers {
             }
             long linger = a.num("linger-ms", 0);
             int wantChecks = a.num("want-checks", 0);
+            boolean untilResolved = a.bool("until-resolved");
             long deadline = System.currentTimeMillis() + linger;
-            while (System.currentTimeMillis() < deadline && (wantChecks == 0 || checks.get() < wantChecks)) {
+            while (System.currentTimeMillis() < deadline) {
+                if (untilResolved ? resolved.size() >= unknowns.get() : wantChecks > 0 && checks.get() >= wantChecks) break;
                 Thread.sleep(50);
             }
             emit(obj("ev", "done", "sent", count, "checks", checks.get()));
