@@ -371,20 +371,57 @@ final class Producers {
 
     // ---- request / reply --------------------------------------------------
 
-    // request --topic T --count N [--timeout-ms D]: producer.request(),
-    // printing each reply's body and properties.
+    // request --topic T --count N [--timeout-ms D] [--api sync|callback]:
+    // producer.request(), printing each reply's body and properties, with
+    // the requester's client id ("client"). --api callback uses
+    // request(msg, RequestCallback, timeout) instead of the blocking call:
+    // the blocking request() of 5.3.0–5.3.3 returns as soon as the request
+    // is sent (its send callback counts the reply latch down; fixed upstream
+    // by apache/rocketmq#9608), and the callback form of those versions
+    // first calls onSuccess(null) when the request is sent, then
+    // onSuccess(reply); the null is reported as a "reply-null" event and
+    // the reply waited for.
     public static void request(Args a) throws Exception {
         String topic = a.req("topic");
+        boolean callback = a.get("api", "sync").equals("callback");
+        long timeout = a.num("timeout-ms", 10000);
         DefaultMQProducer p = new DefaultMQProducer(a.get("group", "javapeer_requester"));
         p.setNamesrvAddr(a.req("namesrv"));
         p.setInstanceName(a.get("instance", "javapeer-" + ProcessHandle.current().pid()));
         p.start();
         try {
             for (int i = 0; i < a.num("count", 1); i++) {
-                Message reply = p.request(message(a, topic, i), a.num("timeout-ms", 10000));
-                emit(obj("ev", "reply", "i", i, "topic", reply.getTopic(),
+                Message reply;
+                long t0 = System.currentTimeMillis();
+                if (callback) {
+                    java.util.concurrent.CompletableFuture<Message> f = new java.util.concurrent.CompletableFuture<>();
+                    final int n = i;
+                    p.request(message(a, topic, i), new org.apache.rocketmq.client.producer.RequestCallback() {
+                        @Override public void onSuccess(Message m) {
+                            if (m == null) emit(obj("ev", "reply-null", "i", n));
+                            else f.complete(m);
+                        }
+                        @Override public void onException(Throwable e) { f.completeExceptionally(e); }
+                    }, timeout);
+                    reply = f.get(timeout + 5000, TimeUnit.MILLISECONDS);
+                } else {
+                    reply = p.request(message(a, topic, i), timeout);
+                }
+                Map<String, Object> ev = obj("ev", "reply", "i", i, "topic", reply.getTopic(), "t0", t0, "t1", System.currentTimeMillis(),
                     "body", new String(reply.getBody(), StandardCharsets.UTF_8),
-                    "props", new LinkedHashMap<String, Object>(reply.getProperties())));
+                    "client", p.getDefaultMQProducerImpl().getMqClientFactory().getClientId(),
+                    "props", new LinkedHashMap<String, Object>(reply.getProperties()));
+                if (reply instanceof MessageExt) {
+                    // the fields of PUSH_REPLY_MESSAGE_TO_CLIENT's header
+                    MessageExt m = (MessageExt) reply;
+                    ev.put("q", m.getQueueId());
+                    ev.put("born_ts", m.getBornTimestamp());
+                    ev.put("store_ts", m.getStoreTimestamp());
+                    ev.put("born_host", m.getBornHost() == null ? null : addr(m.getBornHost()));
+                    ev.put("store_host", m.getStoreHost() == null ? null : addr(m.getStoreHost()));
+                    ev.put("flag", m.getFlag());
+                }
+                emit(ev);
             }
             emit(obj("ev", "done"));
         } finally {
