@@ -24,7 +24,7 @@ import (
 type adminEnv struct {
 	cl     *testutil.Cluster
 	c      *client.Client
-	d      *javapeer.Dist
+	d, d4  *javapeer.Dist // 5.3.3 and 4.9.7
 	logDir string
 	// trackGroup has a committed offset of the topic and no consumer.
 	trackGroup string
@@ -66,6 +66,7 @@ func wantLine(t *testing.T, out, what, expr string) []string {
 // time: each JVM spends seconds waiting, most of them in its client's
 // shutdown) and returns their outputs in order, failing t on the first
 // error.
+// A command whose first argument is "4.9.7" runs 4.9.7's mqadmin.
 func (e *adminEnv) adminAll(t *testing.T, cmds ...[]string) []string {
 	t.Helper()
 	const adminJobs = 4
@@ -74,6 +75,10 @@ func (e *adminEnv) adminAll(t *testing.T, cmds ...[]string) []string {
 	sem := make(chan struct{}, adminJobs)
 	var wg sync.WaitGroup
 	for i, args := range cmds {
+		d := e.d
+		if args[0] == javapeer.Version4 {
+			d, args = e.d4, args[1:]
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -81,7 +86,7 @@ func (e *adminEnv) adminAll(t *testing.T, cmds ...[]string) []string {
 			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			outs[i], errs[i] = e.d.Admin(ctx, e.logDir, e.cl.NameServer, args...)
+			outs[i], errs[i] = d.Admin(ctx, e.logDir, e.cl.NameServer, args...)
 		}()
 	}
 	t0 := time.Now()
@@ -100,7 +105,8 @@ func (e *adminEnv) adminAll(t *testing.T, cmds ...[]string) []string {
 	return outs
 }
 
-// TestJavaAdmin runs Apache RocketMQ 5.3.3's mqadmin, as users run it
+// TestJavaAdmin runs Apache RocketMQ 5.3.3's mqadmin (and 4.9.7's
+// clusterList), as users run it
 // daily, against runnel's name server and broker: updateTopic, topicRoute,
 // topicStatus, topicList, clusterList, brokerStatus, consumerProgress,
 // queryMsgById (by offset id and by message id), queryMsgByKey,
@@ -111,7 +117,7 @@ func (e *adminEnv) adminAll(t *testing.T, cmds ...[]string) []string {
 func TestJavaAdmin(t *testing.T) {
 	d := javapeer.RequireVersion(t, javapeer.Version5)
 	cl, c := newCluster(t)
-	e := &adminEnv{cl: cl, c: c, d: d, logDir: filepath.Join(t.TempDir(), "mqadmin")}
+	e := &adminEnv{cl: cl, c: c, d: d, d4: javapeer.RequireVersion(t, javapeer.Version4), logDir: filepath.Join(t.TempDir(), "mqadmin")}
 	brokerAddr := cl.Broker.AdvertisedAddr()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -272,11 +278,15 @@ func TestJavaAdmin(t *testing.T) {
 
 	// ---- round 2 ----
 	outs = e.adminAll(t,
+		[]string{javapeer.Version4, "clusterList"},
 		[]string{"topicRoute", "-t", nt},
 		[]string{"topicList"},
 		[]string{"updateSubGroup", "-c", "DefaultCluster", "-g", g, "-s", "true"},
 		[]string{"resetOffsetByTime", "-g", cg, "-t", topic, "-s", strconv.FormatInt(ts8, 10)},
 	)
+	// 4.x's clusterList reads the 4.x key of the get rate.
+	wantLine(t, outs[0], "clusterList (4.9.7)", `^DefaultCluster\s+`+testutil.BrokerName+`\s+0\s+`+regexp.QuoteMeta(brokerAddr)+`\s+V5_3_3\s+\d`)
+	outs = outs[1:]
 	for _, l := range []string{`"brokerName":\s*"` + testutil.BrokerName + `"`, `"readQueueNums":\s*3`, `"writeQueueNums":\s*5`,
 		`"perm":\s*6`, `"cluster":\s*"DefaultCluster"`, `0:\s*"` + regexp.QuoteMeta(brokerAddr) + `"`} {
 		wantLine(t, outs[0], "topicRoute", l)

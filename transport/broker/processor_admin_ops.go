@@ -120,7 +120,9 @@ func (a *adminOps) rates(now rateSample) (put, get string) {
 // mqadmin's clusterList and brokerStatus read. Keys Java fills from parts
 // runnel does not have (thread pool queues, page cache locks) report those
 // parts idle; the message totals count since the broker started (Java's
-// "today" and "yesterday" totals are snapshots taken at midnight).
+// "today" and "yesterday" totals are snapshots taken at midnight). The get
+// rate is also under its 4.x name, getTransferedTps, without which 4.x
+// mqadmin's clusterList fails (as it does against a 5.x Java broker).
 func (a *adminOps) processRuntimeInfo(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 	req := rc.Request()
 	b := a.b
@@ -148,6 +150,7 @@ func (a *adminOps) processRuntimeInfo(_ context.Context, rc *remoting.RequestCtx
 		"brokerActive":                    "true",
 		"putTps":                          put,
 		"getTransferredTps":               get,
+		"getTransferedTps":                get, // the 4.x name, which 4.x mqadmin clusterList needs
 		"msgPutTotalTodayNow":             strconv.FormatInt(now.put, 10),
 		"msgGetTotalTodayNow":             strconv.FormatInt(now.get, 10),
 		"msgPutTotalTodayMorning":         "0",

@@ -47,6 +47,9 @@ func TestBrokerAdminRuntimeInfo(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, tab[k], want)
 		}
 	}
+	if tab["getTransferedTps"] != tab["getTransferredTps"] {
+		t.Errorf("getTransferedTps (4.x) = %q, getTransferredTps %q", tab["getTransferedTps"], tab["getTransferredTps"])
+	}
 	for _, k := range []string{"putTps", "getTransferredTps"} {
 		f := strings.Fields(tab[k])
 		if len(f) != 3 {
