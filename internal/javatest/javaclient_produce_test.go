@@ -81,6 +81,8 @@ func testJavaClientProduce(t *testing.T, cl *testutil.Cluster, c *client.Client,
 			t.Fatalf("driver: %v\n%s", ev, pr.Output())
 		case "stored":
 			stored[ev.Str("offset_id")] = ev
+		case "async-done":
+			t.Logf("async sends: at most %d in flight", ev.Int("max_inflight"))
 		case "sent":
 			ms, err := sentMessages(ev)
 			if err != nil {
