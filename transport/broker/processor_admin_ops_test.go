@@ -215,3 +215,48 @@ func TestBrokerAdminResetOffset(t *testing.T) {
 		t.Errorf("reset of an unknown topic: %d %s, want TOPIC_NOT_EXIST", resp.Code, resp.Remark)
 	}
 }
+
+// TestBrokerAdminConsumeStatsLastTime: GET_CONSUME_STATS's lastTimestamp
+// (mqadmin consumerProgress's #LastTime) is the store time of the last
+// message the group consumed, the one before its committed offset, as
+// Java's AdminBrokerProcessor answers, and 0 when it consumed none; runnel
+// answered the store time of the queue's newest message.
+func TestBrokerAdminConsumeStatsLastTime(t *testing.T) {
+	b := startBroker(t)
+	c := dial(t, b.Addr())
+	var times []int64
+	for i := range 3 {
+		rh := send(t, c, "LtTopic", 0, []byte("m"+itoa(i)), "")
+		r := pull(t, c, pullArgs{topic: "LtTopic", queue: 0, offset: rh.QueueOffset, max: 1})
+		times = append(times, r.msgs[0].StoreTimestamp)
+		time.Sleep(5 * time.Millisecond)
+	}
+	stats := func() map[int32]protocol.OffsetWrapper {
+		req := protocol.NewRequest(protocol.ReqGetConsumeStats)
+		(&protocol.GetConsumeStatsRequestHeader{ConsumerGroup: "gLt", Topic: "LtTopic"}).Encode(req)
+		resp := invoke(t, c, req)
+		if resp.Code != protocol.ResSuccess {
+			t.Fatalf("GET_CONSUME_STATS: %d %s", resp.Code, resp.Remark)
+		}
+		var cs protocol.ConsumeStats
+		if err := cs.Decode(resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		out := map[int32]protocol.OffsetWrapper{}
+		for mq, w := range cs.OffsetTable {
+			out[mq.QueueID] = w
+		}
+		return out
+	}
+	if w := stats()[0]; w.LastTimestamp != 0 || w.BrokerOffset != 3 {
+		t.Errorf("nothing consumed: %+v, want broker offset 3 and lastTimestamp 0", w)
+	}
+	commit := protocol.NewRequest(protocol.ReqUpdateConsumerOffset)
+	(&protocol.UpdateConsumerOffsetRequestHeader{ConsumerGroup: "gLt", Topic: "LtTopic", QueueID: 0, CommitOffset: 2}).Encode(commit)
+	if resp := invoke(t, c, commit); resp.Code != protocol.ResSuccess {
+		t.Fatalf("UPDATE_CONSUMER_OFFSET: %d %s", resp.Code, resp.Remark)
+	}
+	if w := stats()[0]; w.LastTimestamp != times[1] || w.ConsumerOffset != 2 {
+		t.Errorf("consumed up to offset 2: %+v, want lastTimestamp %d (message 1's store time; the newest is %d)", w, times[1], times[2])
+	}
+}
