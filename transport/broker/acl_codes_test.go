@@ -80,7 +80,8 @@ var aclCodeClasses = map[int32]string{
 	200: "admin", 201: "admin", 207: "admin", 208: "admin", // subscription groups, consume stats
 	203: "admin", 204: "admin", // consumer and producer connection lists
 	25: "admin", 26: "admin", // UPDATE_BROKER_CONFIG, GET_BROKER_CONFIG
-	33: "admin", // VIEW_MESSAGE_BY_ID (any topic's message by offset)
+	33: "admin",                             // VIEW_MESSAGE_BY_ID (any topic's message by offset)
+	28: "admin", 300: "admin", 222: "admin", // GET_BROKER_RUNTIME_INFO, QUERY_TOPIC_CONSUME_BY_WHO, INVOKE_BROKER_TO_RESET_OFFSET
 }
 
 // aclClassOf returns the class of code (unknown codes: never).

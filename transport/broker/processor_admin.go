@@ -275,14 +275,14 @@ func (b *Broker) processTopicStats(_ context.Context, rc *remoting.RequestCtx) (
 	return resp, nil
 }
 
-// lastStoreTime returns the store time of the queue's last message, 0 if
-// none.
-func (b *Broker) lastStoreTime(topic string, q int32, maxOff int64) int64 {
-	if maxOff == 0 {
+// lastStoreTime returns the store time of the queue's message before
+// offset end (the queue's last message for its max offset), 0 if none.
+func (b *Broker) lastStoreTime(topic string, q int32, end int64) int64 {
+	if end <= 0 {
 		return 0
 	}
 	var ts int64
-	_, err := b.store.Get(topic, q, maxOff-1, 1, 0, func(rec []byte, _ int64) bool {
+	_, err := b.store.Get(topic, q, end-1, 1, 0, func(rec []byte, _ int64) bool {
 		if m, _, err := protocol.DecodeRecord(rec); err == nil {
 			ts = m.StoreTimestamp
 		}
@@ -296,7 +296,8 @@ func (b *Broker) lastStoreTime(topic string, q int32, maxOff int64) int64 {
 
 // processConsumeStats serves GET_CONSUME_STATS (208): per queue of the
 // topic (or of every topic the group has offsets in), the broker's max
-// offset, the group's committed offset and the last store time.
+// offset, the group's committed offset (-1 when it committed none, where
+// Java answers 0) and the store time of the last message it consumed.
 func (b *Broker) processConsumeStats(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 	req := rc.Request()
 	var h protocol.GetConsumeStatsRequestHeader
@@ -338,9 +339,12 @@ func (b *Broker) processConsumeStats(_ context.Context, rc *remoting.RequestCtx)
 			if !ok {
 				co = -1
 			}
+			// LastTimestamp is the store time of the last message the
+			// group consumed (Java: of the message at consumerOffset-1),
+			// which mqadmin consumerProgress shows as #LastTime.
 			stats.OffsetTable[protocol.MessageQueue{BrokerName: b.cfg.brokerName, QueueID: q, Topic: t}] =
 				protocol.OffsetWrapper{BrokerOffset: maxOff, ConsumerOffset: co, PullOffset: max(co, 0),
-					LastTimestamp: b.lastStoreTime(t, q, maxOff)}
+					LastTimestamp: b.lastStoreTime(t, q, co)}
 		}
 	}
 	body, err := stats.Encode()

@@ -95,6 +95,9 @@ func (b *Broker) serveSend(ctx context.Context, rc *remoting.RequestCtx, inline 
 	}
 	b.stats.sent(len(req.Body)) // stats.go
 	batch := h.Batch.Or(false)
+	if !batch {
+		b.stats.puts.Add(1)
+	}
 	if batch && len(req.Body) > b.cfg.maxBatchBytes {
 		return respond(req, protocol.ResMessageIllegal, "batch body size "+strconv.Itoa(len(req.Body))+
 			" exceeds the maximum batch size "+strconv.Itoa(b.cfg.maxBatchBytes)+" bytes"), nil
@@ -506,6 +509,7 @@ func (b *Broker) sendBatch(ctx context.Context, req *protocol.Command, tmpl *Inb
 	if err != nil {
 		return errorResponse(req, err), nil
 	}
+	b.stats.puts.Add(int64(len(res)))
 	var sb strings.Builder
 	sb.Grow(len(res) * (protocol.OffsetMsgIDLenV6 + 1))
 	var idBuf [protocol.OffsetMsgIDLenV6]byte

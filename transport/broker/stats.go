@@ -22,6 +22,9 @@ type Stats struct {
 type brokerStats struct {
 	sends, sendBytes  atomic.Int64
 	pulls, pulledMsgs atomic.Int64
+	// puts counts the messages the send path accepted (a batch's on
+	// success), for the put rate of GET_BROKER_RUNTIME_INFO.
+	puts atomic.Int64
 }
 
 func (s *brokerStats) sent(bytes int) {

@@ -20,8 +20,8 @@ import (
 // and sent by goroutines of their own. The scheduler's progress is owned by
 // its goroutine; its send-path half (rewrite) reads configuration only.
 // Every goroutine here is started through extensions.start and joined by
-// the broker at shutdown: housekeeping, the notifier, the scheduler and
-// replyWorkers reply pushers.
+// the broker at shutdown: housekeeping, the notifier, the scheduler,
+// replyWorkers reply pushers and the admin rate sampler.
 //
 // # Time
 //
@@ -67,6 +67,7 @@ type subsystems struct {
 	sched   *scheduler
 	retry   *retrier
 	replies *replyPusher
+	admin   *adminOps
 }
 
 func newSubsystems(b *Broker, cfg subsystemConfig) *subsystems {
@@ -76,6 +77,7 @@ func newSubsystems(b *Broker, cfg subsystemConfig) *subsystems {
 	s.sched = newScheduler(b, &cfg)
 	s.retry = newRetrier(b, s.locks, s.sched)
 	s.replies = newReplyPusher(b, s.clients, &cfg)
+	s.admin = newAdminOps(b, s.clients)
 	return s
 }
 
@@ -91,11 +93,13 @@ func (s *subsystems) extensions() extensions {
 			s.clients.register,
 			s.locks.register,
 			s.retry.register,
+			s.admin.register,
 		},
 		start: []func(context.Context){
 			s.housekeeping,
 			s.clients.runNotifier,
 			s.sched.run,
+			s.admin.runSampler,
 		},
 		subscription:     s.clients.subscription,
 		producerChannels: s.clients.producerChannels,
