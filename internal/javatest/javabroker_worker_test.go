@@ -43,7 +43,9 @@ func (f *wkCounter) ProcessElement(ctx *pipeline.KeyedContext[string, wkCount], 
 	return ctx.Emit(wkCount{Key: ctx.Key(), Count: n})
 }
 
-func (f *wkCounter) OnTimer(*pipeline.KeyedContext[string, wkCount], pipeline.Timer) error { return nil }
+func (f *wkCounter) OnTimer(*pipeline.KeyedContext[string, wkCount], pipeline.Timer) error {
+	return nil
+}
 
 // TestJavaBrokerWorkers runs a keyed job as two runnel workers
 // (pipeline.RunWorker) on Apache RocketMQ's Java broker: the job's topics
