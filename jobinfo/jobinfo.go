@@ -30,3 +30,57 @@ type Info struct {
 type Binder interface {
 	Bind(info Info) error
 }
+
+// Scaleout describes the scale-out task (pipeline.RunWorker) a source or
+// sink belongs to; Info.Scaleout is nil for a job that runs in one
+// process. Every task has its own sources and sinks.
+type Scaleout struct {
+	// Task is the task's id; OwnerEpoch this worker's owner epoch of it.
+	// What the task writes is tagged with both (and with the epoch: the id
+	// of the checkpoint that completes it).
+	Task       string
+	OwnerEpoch uint64
+	// Chains answers from the job's commit chains, for any task, whether
+	// what it wrote counts. Sinks answer the broker's transaction
+	// check-backs with it: the broker asks any producer of a group, so any
+	// worker may be asked about any task's half messages.
+	Chains Chains
+}
+
+// Verdict is whether what a task wrote under (owner epoch, epoch) counts.
+type Verdict uint8
+
+const (
+	// Undecided: no valid checkpoint of the task covers the epoch yet (ask
+	// again later).
+	Undecided Verdict = iota
+	// Valid: it counts: the task's valid checkpoint covering the epoch is
+	// that owner epoch's.
+	Valid
+	// Invalid: it never will (another owner's checkpoint covers the epoch,
+	// or a newer owner fenced that one).
+	Invalid
+)
+
+// Chains is a view of a job's commit chains. It is safe for concurrent
+// use.
+type Chains interface {
+	// Decide says whether what task wrote under (ownerEpoch, epoch)
+	// counts. An error means the chain cannot tell (a truncated chain):
+	// treat it as Undecided and report it.
+	Decide(task string, ownerEpoch, epoch uint64) (Verdict, error)
+	// SinkInfo returns what sink attached to its transaction of task's
+	// epoch when that epoch's checkpoint was published (see TxnInfoer);
+	// ok is false when the chains do not remember one.
+	SinkInfo(task, sink string, epoch uint64) (info []byte, ok bool)
+}
+
+// TxnInfoer is implemented by two-phase-commit sinks that take part in
+// scale-out: when a task publishes a checkpoint, the sink's transaction
+// description (what PreCommit returned) is summarised by TxnInfo into the
+// few bytes any worker needs to answer check-backs for it (for RocketMQ
+// transactions: which half messages are orphans of uncertain sends). It
+// must be a pure function of txn.
+type TxnInfoer interface {
+	TxnInfo(txn []byte) ([]byte, error)
+}
