@@ -282,8 +282,10 @@ type node struct {
 	prePartitioned bool
 	buildRemote    func(b *chainBuilder) (any, error)
 	startRepart    func(r *jobRun, t *taskInfo) error
-	// src is a source node's source (RunWorker asks it for its topic).
-	src any
+	// src is a source node's source (RunWorker asks it for its topic);
+	// sink a sink node's sink (its transactions' check-back information).
+	src  any
+	sink any
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {

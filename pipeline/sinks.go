@@ -75,6 +75,7 @@ var sinkRetry = retryPolicy{attempts: 3, backoff: backoff.Policy{Initial: 10 * t
 func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *node {
 	n := j.addNode(uid, kindSink, inputs...)
 	n.exchange = true
+	n.sink = sk
 	if sk == nil {
 		j.errorf("sink %q is nil", uid)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/internal/backoff"
 	"github.com/runnel-dev/runnel/internal/scaleout"
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -735,6 +736,25 @@ func (w *worker) layoutOf(st *stageInfo) scaleout.Layout {
 	return st.layout
 }
 
+// chainsView is the worker's follower as jobinfo.Chains (what sinks answer
+// check-backs with).
+type chainsView struct{ f *scaleout.Follower }
+
+func (v chainsView) Decide(task string, ownerEpoch, epoch uint64) (jobinfo.Verdict, error) {
+	verdict, err := v.f.Decide(task, ownerEpoch, epoch)
+	switch verdict {
+	case scaleout.Valid:
+		return jobinfo.Valid, err
+	case scaleout.Invalid:
+		return jobinfo.Invalid, err
+	}
+	return jobinfo.Undecided, err
+}
+
+func (v chainsView) SinkInfo(task, sink string, epoch uint64) ([]byte, bool) {
+	return v.f.SinkInfo(task, sink, epoch)
+}
+
 // publishHook publishes a task's checkpoints through its writer.
 type publishHook struct {
 	w    *scaleout.Writer
@@ -752,7 +772,17 @@ func (h *publishHook) PublishCommit(ctx context.Context, md checkpoint.Metadata,
 	}
 	sinks := make([]scaleout.SinkTxn, 0, len(c.Pending))
 	for _, pc := range c.Pending {
-		sinks = append(sinks, scaleout.SinkTxn{Sink: pc.SinkUID, Epoch: pc.CheckpointID})
+		st := scaleout.SinkTxn{Sink: pc.SinkUID, Epoch: pc.CheckpointID}
+		if n := h.j.uids[pc.SinkUID]; n != nil {
+			if ti, ok := n.sink.(jobinfo.TxnInfoer); ok {
+				info, err := ti.TxnInfo(pc.Data)
+				if err != nil {
+					return fmt.Errorf("sink %q: check-back information of checkpoint %d: %w", pc.SinkUID, pc.CheckpointID, err)
+				}
+				st.Info = info
+			}
+		}
+		sinks = append(sinks, st)
 	}
 	if err := h.w.Publish(ctx, md, c.Batch, sinks); err != nil {
 		return err
