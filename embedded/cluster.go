@@ -355,7 +355,9 @@ func (cl *Cluster) KeepControl(code int32, fn remoting.ControlFunc) (remove func
 
 // Control registers fn for the next request with the given code (or
 // AnyCode) to this broker, as Cluster.Control does for any broker.
-func (b *Broker) Control(code int32, fn remoting.ControlFunc) { b.cl.hooks.add(b.name, code, fn, false) }
+func (b *Broker) Control(code int32, fn remoting.ControlFunc) {
+	b.cl.hooks.add(b.name, code, fn, false)
+}
 
 // KeepControl registers fn for every request with the given code (or
 // AnyCode) to this broker, until remove is called.
