@@ -65,6 +65,7 @@ type Cluster struct {
 type Broker struct {
 	cl   *Cluster
 	name string
+	key  string // BrokerName(i): the broker's key in the hook table
 	b    *broker.Broker
 }
 
@@ -86,7 +87,7 @@ func Start(ctx context.Context, opts ...Option) (cl *Cluster, err error) {
 		cfg.log = slog.New(slog.DiscardHandler)
 	}
 	cl = &Cluster{cfg: cfg, dir: cfg.dataDir}
-	if cl.dir == "" {
+	if cl.dir == "" && cfg.brokers > 0 {
 		if cl.dir, err = os.MkdirTemp("", "runnel-embedded-"); err != nil {
 			return nil, fmt.Errorf("embedded: %w", err)
 		}
@@ -133,7 +134,7 @@ func (c *config) validate() error {
 		return bad("no broker and external name servers: nothing to run")
 	case c.brokers == 0 && len(c.topics) > 0:
 		return bad("topics without a broker")
-	case c.policy != nil && len(c.external) == 0 && (c.admin.AccessKey == "" || c.admin.SecretKey == ""):
+	case c.policy != nil && len(c.external) == 0 && c.brokers > 0 && (c.admin.AccessKey == "" || c.admin.SecretKey == ""):
 		return bad("WithACL needs the admin credentials the brokers sign their registrations with")
 	case c.tlsMode != acl.TLSDisabled && c.tlsConfig == nil:
 		return bad("TLS mode %s without a configuration", c.tlsMode)
@@ -154,14 +155,16 @@ func (cl *Cluster) startNameServer(ctx context.Context) error {
 		cl.nsAddrs = cfg.external
 		return nil
 	}
-	opts := append([]namesrv.Option{
+	opts := []namesrv.Option{
 		namesrv.WithListenAddr(cfg.nsListen),
-		namesrv.WithKVConfigDir(filepath.Join(cl.dir, "namesrv")),
 		namesrv.WithLogger(cfg.log.With("component", "namesrv")),
 		namesrv.WithACL(cfg.policy),
 		namesrv.WithTLS(cfg.tlsMode, cfg.tlsConfig),
-	}, cfg.nsOpts...)
-	ns, err := namesrv.New(opts...)
+	}
+	if cfg.dataDir != "" {
+		opts = append(opts, namesrv.WithKVConfigDir(filepath.Join(cfg.dataDir, "namesrv")))
+	}
+	ns, err := namesrv.New(append(opts, cfg.nsOpts...)...)
 	if err != nil {
 		return err
 	}
@@ -207,7 +210,7 @@ func (cl *Cluster) startBroker(ctx context.Context, i int) error {
 	if err := b.Start(ctx); err != nil {
 		return errors.Join(fmt.Errorf("embedded: broker %s: %w", name, err), b.Close())
 	}
-	cl.brokers = append(cl.brokers, &Broker{cl: cl, name: name, b: b})
+	cl.brokers = append(cl.brokers, &Broker{cl: cl, name: name, key: name, b: b})
 	return nil
 }
 
@@ -237,22 +240,29 @@ func pinnedTLS(srv *tls.Config) *tls.Config {
 }
 
 // waitRegistered polls the name server until it lists every broker's
-// advertised address as the master of its name. A broker registers its whole
-// topic table at once, so from then on every topic it had at start is
-// routable.
+// advertised address as a master, and takes the broker names from its
+// listing (a WithBrokerOptions broker.WithBrokerName may have renamed
+// them). A broker registers its whole topic table at once, so from then
+// on every topic it had at start is routable.
 func (cl *Cluster) waitRegistered(ctx context.Context) error {
 	var last error
 	for {
 		ci, err := cl.c.ClusterInfo(ctx)
 		if err == nil {
+			names := make(map[string]string, len(ci.BrokerAddrTable)) // master address → name
+			for name, bd := range ci.BrokerAddrTable {
+				names[bd.MasterAddr()] = name
+			}
 			for _, b := range cl.brokers {
-				bd, ok := ci.BrokerAddrTable[b.name]
-				if !ok || bd.MasterAddr() != b.b.AdvertisedAddr() {
+				if _, ok := names[b.b.AdvertisedAddr()]; !ok {
 					err = fmt.Errorf("the name server does not list broker %s at %s yet", b.name, b.b.AdvertisedAddr())
 					break
 				}
 			}
 			if err == nil {
+				for _, b := range cl.brokers {
+					b.name = names[b.b.AdvertisedAddr()]
+				}
 				return nil
 			}
 		}
@@ -328,10 +338,14 @@ func (cl *Cluster) Broker(i int) *Broker { return cl.brokers[i] }
 // have a broker).
 func (cl *Cluster) BrokerAddr() string { return cl.brokers[0].b.Addr() }
 
-// DataDir returns the directory holding the cluster's data.
+// DataDir returns the directory holding the cluster's data: WithDataDir's,
+// or the temporary one Start made ("" for a name server alone without
+// WithDataDir, which keeps its KV config in memory).
 func (cl *Cluster) DataDir() string { return cl.dir }
 
-// Name returns the broker's name.
+// Name returns the broker's name: BrokerName(i), or the name the name
+// server lists it under when a WithBrokerOptions broker.WithBrokerName
+// renamed it (with WithExternalNameServers, BrokerName(i) always).
 func (b *Broker) Name() string { return b.name }
 
 // Addr returns the address ("ip:port") the broker listens on.
@@ -356,13 +370,13 @@ func (cl *Cluster) KeepControl(code int32, fn remoting.ControlFunc) (remove func
 // Control registers fn for the next request with the given code (or
 // AnyCode) to this broker, as Cluster.Control does for any broker.
 func (b *Broker) Control(code int32, fn remoting.ControlFunc) {
-	b.cl.hooks.add(b.name, code, fn, false)
+	b.cl.hooks.add(b.key, code, fn, false)
 }
 
 // KeepControl registers fn for every request with the given code (or
 // AnyCode) to this broker, until remove is called.
 func (b *Broker) KeepControl(code int32, fn remoting.ControlFunc) (remove func()) {
-	id := b.cl.hooks.add(b.name, code, fn, true)
+	id := b.cl.hooks.add(b.key, code, fn, true)
 	return func() { b.cl.hooks.remove(id) }
 }
 
@@ -504,4 +518,41 @@ func (cl *Cluster) halt(ctx context.Context) error {
 	}
 	cl.stop.err = err
 	return err
+}
+
+// EnsureTopic makes topic exist on a cluster reached through c, for
+// programs that run on an embedded cluster by default and on one run
+// elsewhere when given its name server (runnel's examples do): unless c's
+// name servers route topic already, it creates it with queues read and
+// write queues on target (a broker address or a cluster name, as
+// client.Client.CreateTopic takes) and waits until the route shows at
+// least queues publish and subscribe queues. ctx bounds it. On an embedded
+// cluster, Cluster.CreateTopic is simpler.
+func EnsureTopic(ctx context.Context, c *client.Client, target, topic string, queues int) error {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := c.RefreshRoute(rctx, topic)
+	cancel()
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, protocol.ErrTopicNotExist):
+		return fmt.Errorf("embedded: route of %s: %w", topic, err)
+	}
+	if err := c.CreateTopic(ctx, target, client.TopicConfig{TopicName: topic, ReadQueueNums: int32(queues), WriteQueueNums: int32(queues)}); err != nil {
+		return fmt.Errorf("embedded: %w", err)
+	}
+	var last error
+	for {
+		r, err := c.RefreshRoute(ctx, topic)
+		if err == nil {
+			if len(r.PublishQueues()) >= queues && len(r.SubscribeQueues()) >= queues {
+				return nil
+			}
+			err = fmt.Errorf("route has %d publish and %d subscribe queues, want %d", len(r.PublishQueues()), len(r.SubscribeQueues()), queues)
+		}
+		last = err
+		if err := sleep(ctx, pollEvery); err != nil {
+			return fmt.Errorf("embedded: waiting for the route of %s: %w (last: %w)", topic, err, last)
+		}
+	}
 }

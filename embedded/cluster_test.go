@@ -310,3 +310,43 @@ func TestEmbeddedInvalidOptions(t *testing.T) {
 		t.Errorf("bad broker option: %v", err)
 	}
 }
+
+// TestEmbeddedEnsureTopic: EnsureTopic creates a missing topic on the
+// target (a broker address, or the cluster name) and returns once it is
+// routable, and leaves an existing topic as it is.
+func TestEmbeddedEnsureTopic(t *testing.T) {
+	ctx := testCtx(t)
+	cl := Run(t, WithBrokers(2))
+	c, err := cl.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := EnsureTopic(ctx, c, cl.BrokerAddr(), "on-a", 3); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Route(ctx, "on-a"); err != nil || len(r.SubscribeQueues()) != 3 || r.SubscribeQueues()[0].BrokerName != "broker-a" {
+		t.Fatalf("on-a route %v, %v", r, err)
+	}
+	if err := EnsureTopic(ctx, c, DefaultClusterName, "on-both", 2); err != nil {
+		t.Fatal(err)
+	}
+	// The route may show one broker's queues before the other's: poll.
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r, err := c.RefreshRoute(ctx, "on-both")
+		if err != nil {
+			return err
+		}
+		if err := routable(r, cl.Brokers(), 2); err != nil {
+			return err
+		}
+		return nil
+	})
+	// Existing: not recreated with other queue counts.
+	if err := EnsureTopic(ctx, c, cl.BrokerAddr(), "on-a", 5); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.RefreshRoute(ctx, "on-a"); err != nil || len(r.SubscribeQueues()) != 3 {
+		t.Fatalf("on-a after a second EnsureTopic: %v, %v", r, err)
+	}
+}

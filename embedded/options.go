@@ -74,9 +74,10 @@ func WithFlushMode(m broker.FlushMode) Option { return optionFunc(func(c *config
 
 // WithDataDir keeps the cluster's data under dir: the name server's KV
 // config in dir/namesrv, broker i's store in dir/BrokerName(i). A cluster
-// started again on the same dir finds its topics, messages and offsets.
-// Without it the data goes to a temporary directory that Close removes (Run:
-// the test's TempDir).
+// started again on the same dir finds its topics, messages, offsets and KV
+// config. Without it the brokers store in a temporary directory that Close
+// removes (Run: in the test's TempDir) and the name server keeps its KV
+// config in memory.
 func WithDataDir(dir string) Option { return optionFunc(func(c *config) { c.dataDir = dir }) }
 
 // WithNameServerAddr sets the address the name server listens on
@@ -96,7 +97,7 @@ func WithExternalNameServers(addrs ...string) Option {
 // brokers sign their registrations with it (the name server refuses
 // unsigned ones) and the cluster's own client (Client, CreateTopic, the
 // wait for registrations) signs its requests with it. It may be zero only
-// with WithExternalNameServers.
+// with WithExternalNameServers or without brokers.
 func WithACL(p *acl.Policy, admin acl.Credentials) Option {
 	return optionFunc(func(c *config) { c.policy, c.admin = p, admin })
 }
