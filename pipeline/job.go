@@ -13,6 +13,7 @@ import (
 	"github.com/go-playground/validator/v10"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/state"
@@ -266,6 +267,9 @@ type node struct {
 	// for one more sender, whose index is senders-1.
 	discover  func(ctx context.Context, r *jobRun) error
 	addSender func()
+	// binder is the node's source or sink when it implements
+	// jobinfo.Binder (bind.go).
+	binder jobinfo.Binder
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
@@ -300,6 +304,9 @@ func (j *Job) Run(ctx context.Context) error {
 	}
 	j.ran = true
 	if err := j.validate(); err != nil {
+		return err
+	}
+	if err := j.bind(); err != nil {
 		return err
 	}
 	eng, err := runtime.New(runtime.Config{
