@@ -22,6 +22,9 @@ type Info struct {
 	// checkpoints). It is per worker process: it names this process's
 	// state, not the job's.
 	StateDir string
+	// Scaleout is set when the job runs as one task of a job on many
+	// workers (pipeline.RunWorker).
+	Scaleout *Scaleout
 }
 
 // Binder is implemented by sources and sinks that take their identity from

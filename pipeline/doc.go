@@ -17,6 +17,20 @@
 //	pipeline.To(counts, "print", sink.NewStdout[WordCount](nil, nil))
 //	err := job.Run(ctx)
 //
+// # Identity
+//
+// Sources and sinks learn who they are from the job instead of from their
+// users: when Run starts, before anything is restored or opened, every
+// source (of FromSource, FromBytes, FromSourceDecoded) and sink (of To,
+// and of DeadLetter policies) that implements jobinfo.Binder is bound once
+// with the job's name (New), its operator's UID and the checkpoint
+// directory (CheckpointDir; "" without one). From them they derive their
+// consumer groups, producer and transaction groups and client instance
+// names, keeping any the user gave explicitly (see source/rocketmq and
+// sink/rocketmq). A Bind error fails Run. The job's name and the UIDs are
+// therefore part of a job's identity on the broker, as the UIDs are in its
+// checkpoints: keep them stable across versions.
+//
 // # Keyed state and timers
 //
 // A KeyedProcessFunc is instantiated once per keyed subtask (Process takes a

@@ -13,6 +13,7 @@ import (
 	"github.com/go-playground/validator/v10"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/state"
@@ -286,6 +287,9 @@ type node struct {
 	// sink a sink node's sink (its transactions' check-back information).
 	src  any
 	sink any
+	// binder is the node's source or sink when it implements
+	// jobinfo.Binder (bind.go).
+	binder jobinfo.Binder
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
@@ -320,6 +324,9 @@ func (j *Job) Run(ctx context.Context) error {
 	}
 	j.ran = true
 	if err := j.validate(); err != nil {
+		return err
+	}
+	if err := j.bind(); err != nil {
 		return err
 	}
 	eng, err := runtime.New(runtime.Config{

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/state"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -39,6 +40,8 @@ type taskScope struct {
 	origins []string
 	// commit publishes the task's checkpoints.
 	commit runtime.CommitHook
+	// chains is what the task's sources and sinks are bound with.
+	chains jobinfo.Chains
 }
 
 // scaleIO is what a scaled run needs of the broker.

@@ -79,6 +79,7 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 	if sk == nil {
 		j.errorf("sink %q is nil", uid)
 	}
+	n.binder = binderOf(sk)
 	tpc, _ := sk.(sink.TwoPhaseCommit[T])
 	pool := newBatchPool[rec[T]]()
 	var in *inbox[rec[T]]

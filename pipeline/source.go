@@ -98,6 +98,7 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 	if src == nil {
 		j.errorf("source %q is nil", uid)
 	}
+	n.binder = binderOf(src)
 	var splits []source.Split
 	n.taskCount = func(ctx context.Context, r *jobRun) (int, error) {
 		if r.scope != nil && r.scope.head != n {

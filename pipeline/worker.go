@@ -703,6 +703,7 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 		sc.split = tr.q.BrokerName + "/" + fmt.Sprint(tr.q.QueueID)
 	}
 	sc.commit = &publishHook{w: wr, j: j, lost: tr.lost}
+	sc.chains = chainsView{w.follower}
 	j.scope = sc
 	tr.statusMu.Lock()
 	tr.state, tr.restore, tr.job, tr.lastErr, tr.since = "running", rs, j, "", time.Now()

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/runtime"
@@ -40,20 +41,13 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := wordcount.StartCluster(ctx, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	c, err := wordcount.NewClient(cl.NameServer())
+	const topic = "clicks"
+	cl := embedded.Run(t, embedded.WithTopic(topic, 3))
+	c, err := cl.NewClient()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	const topic = "clicks"
-	if err := wordcount.CreateTopic(ctx, c, cl.BrokerAddr(), topic, 3); err != nil {
-		t.Fatal(err)
-	}
 
 	// The producer: lines of sample text, every 25th one not decodable.
 	p, err := client.NewProducer(c, "page_test")

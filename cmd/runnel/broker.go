@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,12 +11,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/namesrv"
@@ -329,50 +330,29 @@ func (f *brokerFlags) brokerCredentials(sec *secured, cfg *acl.Config, log *slog
 	return nil
 }
 
-// brokerNameServerTLS sets how the broker dials name servers: over TLS
-// verified by --namesrv-tls-ca, or, for the embedded name server in
-// enforcing mode, over TLS pinned to its own certificate.
+// brokerNameServerTLS sets how the broker dials name servers other than
+// the embedded one: over TLS verified by --namesrv-tls-ca. (The embedded
+// name server in enforcing mode is dialled over TLS pinned to its own
+// certificate by package embedded.)
 func (f *brokerFlags) brokerNameServerTLS(sec *secured) error {
-	if f.noBroker {
+	if f.noBroker || f.nsTLSCA == "" {
 		return nil
 	}
-	if f.nsTLSCA != "" {
-		pem, err := os.ReadFile(f.nsTLSCA)
-		if err != nil {
-			return fmt.Errorf("--namesrv-tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("--namesrv-tls-ca %s holds no PEM certificate", f.nsTLSCA)
-		}
-		sec.nsTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	} else if !f.noNamesrv && sec.mode == acl.TLSEnforcing {
-		sec.nsTLS = pinnedTLS(sec.serverTLS.Certificates[0].Certificate[0])
+	pem, err := os.ReadFile(f.nsTLSCA)
+	if err != nil {
+		return fmt.Errorf("--namesrv-tls-ca: %w", err)
 	}
-	if sec.nsTLS != nil && f.tlsClientCA != "" && sec.serverTLS != nil {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("--namesrv-tls-ca %s holds no PEM certificate", f.nsTLSCA)
+	}
+	sec.nsTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if f.tlsClientCA != "" && sec.serverTLS != nil {
 		// Name servers of this deployment ask for client certificates:
 		// present the one of --tls-cert.
 		sec.nsTLS.Certificates = sec.serverTLS.Certificates
 	}
 	return nil
-}
-
-// pinnedTLS is a client configuration that accepts exactly the server
-// certificate der: the broker dialling its own process's name server needs
-// no CA, and the certificate need not name 127.0.0.1.
-func pinnedTLS(der []byte) *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		// Chain and host name checks are replaced by the exact comparison
-		// below, which is stricter.
-		InsecureSkipVerify: true, //nolint:gosec // pinned in VerifyPeerCertificate
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 || !bytes.Equal(raw[0], der) {
-				return errors.New("runnel: the name server did not present the embedded name server's certificate (--tls-cert)")
-			}
-			return nil
-		},
-	}
 }
 
 func defaultDataDir() (string, error) {
@@ -407,69 +387,62 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 	}
 	policy := sec.policy
 
-	var ns *namesrv.Server
-	nsAddrs := splitAddrs(f.namesrv)
-	if !f.noNamesrv {
-		ns, err = namesrv.New(namesrv.WithListenAddr(f.namesrvListen),
-			namesrv.WithLogger(log.With("component", "namesrv")),
-			namesrv.WithACL(policy), namesrv.WithTLS(sec.mode, sec.serverTLS),
-			namesrv.WithRemotingOptions(f.limits()...))
-		if err != nil {
+	// One embedded cluster runs the name server and the broker; with
+	// --namesrv and no --no-namesrv, the broker registers with those name
+	// servers while this process also runs one: two clusters then.
+	common := []embedded.Option{
+		embedded.WithLogger(log),
+		embedded.WithClusterName(f.cluster),
+		embedded.WithFlushMode(mode),
+		embedded.WithTLS(sec.mode, sec.serverTLS),
+	}
+	if policy != nil {
+		var admin acl.Credentials // zero when not needed (security checked that)
+		if sec.nsCreds != nil {
+			admin = *sec.nsCreds
+		}
+		common = append(common, embedded.WithACL(policy, admin))
+	}
+	nsOpts := []embedded.Option{
+		embedded.WithNameServerAddr(f.namesrvListen),
+		// The KV config stays in memory.
+		embedded.WithNameServerOptions(namesrv.WithKVConfigDir(""), namesrv.WithRemotingOptions(f.limits()...)),
+	}
+	var brokerOpts []embedded.Option
+	if !f.noBroker {
+		if brokerOpts, err = f.brokerOptions(sec); err != nil {
 			return err
-		}
-		if err := ns.Start(ctx); err != nil {
-			return fmt.Errorf("name server: %w", err)
-		}
-		defer func() { err = errors.Join(err, shutdown(f.shutdownWait, ns.Shutdown)) }()
-		if len(nsAddrs) == 0 {
-			nsAddrs = []string{ns.Addr()}
 		}
 	}
-
+	nsAddrs := splitAddrs(f.namesrv)
+	var runs [][]embedded.Option
+	switch {
+	case f.noBroker:
+		runs = append(runs, slices.Concat(common, nsOpts, []embedded.Option{embedded.WithBrokers(0)}))
+	case f.noNamesrv:
+		runs = append(runs, slices.Concat(common, []embedded.Option{embedded.WithExternalNameServers(nsAddrs...)}, brokerOpts))
+	case len(nsAddrs) > 0:
+		runs = append(runs, slices.Concat(common, nsOpts, []embedded.Option{embedded.WithBrokers(0)}),
+			slices.Concat(common, []embedded.Option{embedded.WithExternalNameServers(nsAddrs...)}, brokerOpts))
+	default:
+		runs = append(runs, slices.Concat(common, nsOpts, brokerOpts))
+	}
+	var ns *namesrv.Server
 	var b *broker.Broker
-	if !f.noBroker {
-		dir := f.dataDir
-		if dir == "" {
-			if dir, err = defaultDataDir(); err != nil {
-				return err
-			}
+	for _, opts := range runs {
+		sctx, cancel := context.WithTimeout(ctx, startTimeout)
+		cl, serr := embedded.Start(sctx, opts...)
+		cancel()
+		if serr != nil {
+			return serr
 		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("data directory: %w", err)
+		defer func() { err = errors.Join(err, shutdown(f.shutdownWait, cl.Shutdown)) }()
+		if cl.Namesrv() != nil {
+			ns = cl.Namesrv()
 		}
-		opts := []broker.Option{
-			broker.WithListenAddr(f.listen),
-			broker.WithDataDir(dir),
-			broker.WithNameServers(nsAddrs...),
-			broker.WithFlushMode(mode),
-			broker.WithAutoCreateTopics(f.autoCreate),
-			broker.WithBrokerName(f.brokerName),
-			broker.WithClusterName(f.cluster),
-			broker.WithLogger(log.With("component", "broker")),
-			broker.WithACL(policy),
-			broker.WithTLS(sec.mode, sec.serverTLS),
-			broker.WithRemotingOptions(f.limits()...),
-			broker.WithDiskHighWatermark(f.diskHighWater),
-			broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
-			broker.WithLongPolling(f.maxSuspend, f.maxParked),
-			broker.WithMaxMessageSize(f.maxMsgSize),
+		if bs := cl.Brokers(); len(bs) > 0 {
+			b = bs[0].Server()
 		}
-		if sec.nsCreds != nil {
-			opts = append(opts, broker.WithNameServerCredentials(*sec.nsCreds))
-		}
-		if sec.nsTLS != nil {
-			opts = append(opts, broker.WithNameServerTLS(sec.nsTLS))
-		}
-		if f.advertise != "" {
-			opts = append(opts, broker.WithAdvertisedAddr(f.advertise))
-		}
-		if b, err = broker.New(opts...); err != nil {
-			return err
-		}
-		if err := b.Start(ctx); err != nil {
-			return fmt.Errorf("broker: %w", err)
-		}
-		defer func() { err = errors.Join(err, shutdown(f.shutdownWait, b.Shutdown)) }()
 	}
 
 	line := "runnel: ready"
@@ -508,6 +481,47 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 		}
 	}
 }
+
+// brokerOptions returns the options of the broker: its data directory
+// (--data, created if missing), listen address, name and limits, and how
+// it reaches name servers other than the embedded one.
+func (f *brokerFlags) brokerOptions(sec *secured) ([]embedded.Option, error) {
+	dir := f.dataDir
+	if dir == "" {
+		var err error
+		if dir, err = defaultDataDir(); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	bopts := []broker.Option{
+		broker.WithListenAddr(f.listen),
+		broker.WithDataDir(dir), // the directory itself, not dir/<broker name>
+		broker.WithAutoCreateTopics(f.autoCreate),
+		broker.WithBrokerName(f.brokerName),
+		broker.WithRemotingOptions(f.limits()...),
+		broker.WithDiskHighWatermark(f.diskHighWater),
+		broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
+		broker.WithLongPolling(f.maxSuspend, f.maxParked),
+		broker.WithMaxMessageSize(f.maxMsgSize),
+	}
+	if sec.nsCreds != nil {
+		bopts = append(bopts, broker.WithNameServerCredentials(*sec.nsCreds))
+	}
+	if sec.nsTLS != nil {
+		bopts = append(bopts, broker.WithNameServerTLS(sec.nsTLS))
+	}
+	if f.advertise != "" {
+		bopts = append(bopts, broker.WithAdvertisedAddr(f.advertise))
+	}
+	return []embedded.Option{embedded.WithDataDir(dir), embedded.WithBrokerOptions(bopts...)}, nil
+}
+
+// startTimeout bounds the start of the name server and the broker and the
+// broker's first registration with the embedded name server.
+const startTimeout = 30 * time.Second
 
 func shutdown(wait time.Duration, fn func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)

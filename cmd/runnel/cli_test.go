@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
@@ -29,14 +30,14 @@ import (
 type cliEnv struct {
 	t   *testing.T
 	ctx context.Context
-	cl  *wordcount.Cluster
+	cl  *embedded.Cluster
 	ns  string
 }
 
 func newCLIEnv(t *testing.T) *cliEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	cl, err := wordcount.StartCluster(ctx, t.TempDir(), nil)
+	cl, err := embedded.Start(ctx, embedded.WithDataDir(t.TempDir()))
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -248,7 +249,7 @@ func TestGroupOffsetsAndLag(t *testing.T) {
 	}
 	e.ok(in.String(), "produce", "events", ns)
 
-	c, err := wordcount.NewClient(e.ns)
+	c, err := e.cl.NewClient()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,13 +395,13 @@ func runWordCount(t *testing.T, ctx context.Context, c *client.Client, topic, di
 func TestCheckpointCommands(t *testing.T) {
 	e := newCLIEnv(t)
 	ns := "--namesrv=" + e.ns
-	c, err := wordcount.NewClient(e.ns)
+	c, err := e.cl.NewClient()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	const topic = "lines"
-	if err := wordcount.CreateTopic(e.ctx, c, e.cl.BrokerAddr(), topic, 2); err != nil {
+	if err := e.cl.CreateTopic(e.ctx, topic, 2); err != nil {
 		t.Fatal(err)
 	}
 	beforeProduce := time.Now().Add(-time.Second)

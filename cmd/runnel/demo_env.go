@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -16,7 +16,7 @@ import (
 // name server and broker with their data under it, and a client of them.
 type demoEnv struct {
 	dir string
-	cl  *wordcount.Cluster
+	cl  *embedded.Cluster
 	c   *client.Client
 }
 
@@ -32,11 +32,11 @@ func startDemoEnv(ctx context.Context, out io.Writer) (e *demoEnv, err error) {
 			err = errors.Join(err, e.Close())
 		}
 	}()
-	if e.cl, err = wordcount.StartCluster(ctx, filepath.Join(e.dir, "cluster"), nil); err != nil {
+	if e.cl, err = embedded.Start(ctx, embedded.WithDataDir(filepath.Join(e.dir, "cluster"))); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(out, "runnel demo: embedded name server %s, broker %s\n", e.cl.NameServer(), e.cl.BrokerAddr())
-	if e.c, err = wordcount.NewClient(e.cl.NameServer()); err != nil {
+	if e.c, err = e.cl.NewClient(); err != nil {
 		return nil, err
 	}
 	return e, nil

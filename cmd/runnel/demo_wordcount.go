@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, f demoFlags, out io.Writer) (err error) {
 	dir, cl, c := env.dir, env.cl, env.c
 
 	const topic = "demo-lines"
-	if err := wordcount.CreateTopic(ctx, c, cl.BrokerAddr(), topic, f.queues); err != nil {
+	if err := cl.CreateTopic(ctx, topic, f.queues); err != nil {
 		return err
 	}
 	lines := wordcount.SampleLines(f.lines, f.seed)

@@ -1,6 +1,8 @@
 // Command runnel is runnel's command line: the embedded RocketMQ-compatible
-// name server and broker (`runnel broker`) and, as the project grows, topic
-// administration, produce/consume tools and checkpoint inspection.
+// name server and broker (`runnel broker`, run with package embedded), the
+// demos on an embedded cluster (`runnel demo`, `runnel demo wordcount`),
+// topic administration, produce/consume and group tools, and checkpoint and
+// savepoint inspection.
 //
 // The CLI is built on spf13/cobra: subcommands, flag parsing, help and shell
 // completion are what it does well, and writing them by hand would only add

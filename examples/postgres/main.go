@@ -5,10 +5,10 @@
 // or idempotently (upserts keyed by source queue and offset). See package
 // pgorders for the record contract and the tables.
 //
-// By default it starts an embedded name server and broker in-process,
-// creates the topic, produces -orders sample orders (some invalid) and
-// writes them, reading the topic up to the offsets it had at start (a
-// bounded job). With -namesrv it uses an existing cluster instead (the
+// By default it starts an embedded name server and broker in-process
+// (package embedded), creates the topic, produces -orders sample orders
+// (some invalid) and writes them, reading the topic up to the offsets it
+// had at start (a bounded job). With -namesrv it uses an existing cluster instead (the
 // topic is created on -cluster when missing); -bounded=false runs until
 // SIGINT or SIGTERM, then takes a final checkpoint and exits 0. A second run
 // on the same -state resumes the job.
@@ -27,16 +27,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/examples/postgres/pgorders"
 	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
 // envDSN is the environment variable of the default -dsn.
@@ -93,21 +94,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		}
 		defer func() { err = errors.Join(err, os.RemoveAll(cfg.StateDir)) }()
 	}
-	addr := *nsAddr
-	if addr == "" {
-		cl, err := wordcount.StartCluster(ctx, filepath.Join(cfg.StateDir, "cluster"), nil)
+	copts := []client.Option{client.WithNameServers(*nsAddr), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
+	if *nsAddr == "" {
+		cl, err := embedded.Start(ctx, embedded.WithDataDir(filepath.Join(cfg.StateDir, "cluster")))
 		if err != nil {
 			return err
 		}
 		defer func() { err = errors.Join(err, cl.Close()) }()
-		addr, *target = cl.NameServer(), cl.BrokerAddr()
+		copts, *target = cl.ClientOptions(), cl.BrokerAddr()
 	}
-	c, err := wordcount.NewClient(addr)
+	c, err := client.New(copts...)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	if err := ensureTopic(ctx, c, *target, cfg.Topic, *queues); err != nil {
+	if err := embedded.EnsureTopic(ctx, c, *target, cfg.Topic, *queues); err != nil {
 		return err
 	}
 	if *orders > 0 {
@@ -132,19 +133,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		cfg.Mode, time.Since(start).Round(time.Millisecond), st.Orders.Rows, st.DeadLetters.Rows, cfg.Table, cfg.Table,
 		pgorders.DeadLetterSuffix, st.Orders.Committed+st.DeadLetters.Committed)
 	return nil
-}
-
-// ensureTopic creates topic on target with queues queues when the name
-// server does not know it.
-func ensureTopic(ctx context.Context, c *client.Client, target, topic string, queues int) error {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := c.RefreshRoute(rctx, topic)
-	cancel()
-	switch {
-	case err == nil:
-		return nil
-	case !errors.Is(err, protocol.ErrTopicNotExist):
-		return fmt.Errorf("route of %s: %w", topic, err)
-	}
-	return wordcount.CreateTopic(ctx, c, target, topic, queues)
 }

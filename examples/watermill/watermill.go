@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -20,61 +19,43 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/pipeline/wmhandler"
 	"github.com/runnel-dev/runnel/sink/wmsink"
 	"github.com/runnel-dev/runnel/source/wmsource"
-	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	rwm "github.com/runnel-dev/runnel/transport/watermill"
 )
 
-// Broker is an in-process name server and broker on loopback.
+// Broker is an in-process name server and broker on loopback (package
+// embedded).
 type Broker struct {
 	NameServer string
-	ns         *namesrv.Server
-	b          *broker.Broker
+	cl         *embedded.Cluster
 }
 
 // StartBroker starts an embedded name server and broker storing under dir.
 func StartBroker(ctx context.Context, dir string) (*Broker, error) {
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(dir+"/ns"))
+	cl, err := embedded.Start(ctx, embedded.WithDataDir(dir))
 	if err != nil {
 		return nil, err
 	}
-	if err := ns.Start(ctx); err != nil {
-		return nil, err
-	}
-	b, err := broker.New(broker.WithDataDir(dir+"/broker"), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync))
-	if err != nil {
-		return nil, errors.Join(err, ns.Close())
-	}
-	if err := b.Start(ctx); err != nil {
-		return nil, errors.Join(err, ns.Close())
-	}
-	return &Broker{NameServer: ns.Addr(), ns: ns, b: b}, nil
+	return &Broker{NameServer: cl.NameServer(), cl: cl}, nil
 }
 
 // Close stops the broker and the name server.
-func (b *Broker) Close(ctx context.Context) error {
-	return errors.Join(b.b.Shutdown(ctx), b.ns.Close())
-}
-
-func clientOptions() []client.Option {
-	return []client.Option{client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
-}
+func (b *Broker) Close(ctx context.Context) error { return b.cl.Shutdown(ctx) }
 
 // NewPublisher returns a RocketMQ watermill Publisher on the broker.
 func (b *Broker) NewPublisher() (*rwm.Publisher, error) {
-	return rwm.NewPublisher(rwm.PublisherConfig{NameServers: []string{b.NameServer}, ClientOptions: clientOptions()}, wm.NopLogger{})
+	return rwm.NewPublisher(rwm.PublisherConfig{NameServers: []string{b.NameServer}, ClientOptions: b.cl.ClientOptions()}, wm.NopLogger{})
 }
 
 // NewSubscriber returns a RocketMQ watermill Subscriber in consumer group
 // group.
 func (b *Broker) NewSubscriber(group string) (*rwm.Subscriber, error) {
-	return rwm.NewSubscriber(rwm.SubscriberConfig{NameServers: []string{b.NameServer}, ClientOptions: clientOptions(),
+	return rwm.NewSubscriber(rwm.SubscriberConfig{NameServers: []string{b.NameServer}, ClientOptions: b.cl.ClientOptions(),
 		ConsumerGroup: group, TopicQueueNums: 2,
 		GroupOptions: []client.GroupOption{client.WithRebalanceInterval(time.Second)}}, wm.NopLogger{})
 }

@@ -2,12 +2,12 @@
 // topic → words → KeyBy word → per-word counts in keyed state → stdout, with
 // periodic checkpoints.
 //
-// By default it starts an embedded name server and broker in-process, creates
-// the topic, produces -lines lines of sample text and counts them, reading
-// the topic up to the offsets it had at start (a bounded job), then prints
-// "word<TAB>count" lines (in no particular order) and exits. With -namesrv it
-// uses an existing cluster instead (the topic is created on -cluster when
-// missing).
+// By default it starts an embedded name server and broker in-process
+// (package embedded), creates the topic, produces -lines lines of sample
+// text and counts them, reading the topic up to the offsets it had at start
+// (a bounded job), then prints "word<TAB>count" lines (in no particular
+// order) and exits. With -namesrv it uses an existing cluster instead (the
+// topic is created on -cluster when missing).
 //
 //	go run ./examples/wordcount -lines 20000
 //	go run ./examples/wordcount -namesrv 127.0.0.1:9876 -lines 0 -topic my-lines
@@ -20,12 +20,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
@@ -66,24 +68,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		}
 		defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
 	}
-	addr := *nsAddr
-	if addr == "" {
-		cl, err := wordcount.StartCluster(ctx, filepath.Join(dir, "cluster"), nil)
+	copts := []client.Option{client.WithNameServers(*nsAddr), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
+	if *nsAddr == "" {
+		cl, err := embedded.Start(ctx, embedded.WithDataDir(filepath.Join(dir, "cluster")))
 		if err != nil {
 			return err
 		}
 		defer func() { err = errors.Join(err, cl.Close()) }()
-		addr, *target = cl.NameServer(), cl.BrokerAddr()
+		copts, *target = cl.ClientOptions(), cl.BrokerAddr()
 	}
-	c, err := wordcount.NewClient(addr)
+	c, err := client.New(copts...)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	if _, rerr := c.Route(ctx, *topic); rerr != nil {
-		if err := wordcount.CreateTopic(ctx, c, *target, *topic, *queues); err != nil {
-			return err
-		}
+	if err := embedded.EnsureTopic(ctx, c, *target, *topic, *queues); err != nil {
+		return err
 	}
 	if *lines > 0 {
 		p, err := client.NewProducer(c, "wordcount_producer")

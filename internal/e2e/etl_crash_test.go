@@ -145,16 +145,8 @@ func startETLEnv(t *testing.T, n int, seed uint64, bopts ...broker.Option) *etlE
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns := testutil.StartNameServer(ctx, t)
-	b, err := broker.New(append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, bopts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	cl := testutil.RunCluster(t, bopts...)
+	ns, b := cl.Embedded.Namesrv(), cl.Broker
 	c, err := newMQClient(ns.Addr())
 	if err != nil {
 		t.Fatal(err)

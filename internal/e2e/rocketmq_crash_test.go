@@ -48,24 +48,13 @@ type mqEnv struct {
 
 func startMQ(tb testing.TB) *mqEnv {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ns := testutil.StartNameServer(ctx, tb)
-	b, err := broker.New(broker.WithDataDir(tb.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName("broker-a"), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = b.Close() })
-	c, err := newMQClient(ns.Addr())
+	cl := testutil.RunCluster(tb)
+	c, err := newMQClient(cl.NameServer)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = c.Close() })
-	return &mqEnv{ns: ns, b: b, c: c}
+	return &mqEnv{ns: cl.Embedded.Namesrv(), b: cl.Broker, c: c}
 }
 
 func newMQClient(addr string) (*client.Client, error) {

@@ -10,9 +10,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/transport/acl"
 	"github.com/runnel-dev/runnel/transport/broker"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -52,38 +52,15 @@ type aclInteropEnv struct {
 // broker.
 func startACLInteropEnv(tb testing.TB, namesrvACL bool, extra ...broker.Option) *aclInteropEnv {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	p := aclInteropPolicy(tb)
-	nsOpts := []namesrv.Option{namesrv.WithListenAddr("127.0.0.1:0")}
+	var opts []embedded.Option
 	if namesrvACL {
-		nsOpts = append(nsOpts, namesrv.WithACL(p))
+		opts = append(opts, embedded.WithACL(p, aclInteropAdmin))
+	} else {
+		opts = append(opts, embedded.WithBrokerOptions(broker.WithACL(p), broker.WithNameServerCredentials(aclInteropAdmin)))
 	}
-	ns, err := namesrv.New(nsOpts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := ns.Start(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = ns.Close() })
-	b, err := broker.New(append([]broker.Option{broker.WithListenAddr("127.0.0.1:0"), broker.WithDataDir(tb.TempDir()),
-		broker.WithNameServers(ns.Addr()), broker.WithNameServerCredentials(aclInteropAdmin),
-		broker.WithACL(p), broker.WithFlushMode(broker.FlushAsync)}, extra...)...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Shutdown(ctx); err != nil {
-			tb.Errorf("broker.Shutdown: %v", err)
-		}
-	})
-	return &aclInteropEnv{nsAddr: ns.Addr(), b: b, policy: p}
+	cl := embedded.Run(tb, append(opts, embedded.WithBrokerOptions(extra...))...)
+	return &aclInteropEnv{nsAddr: cl.NameServer(), b: cl.Broker(0).Server(), policy: p}
 }
 
 // aclInvokeSigned sends req signed as the admin and returns the response.

@@ -1,6 +1,8 @@
 // Package testutil holds helpers shared by runnel's tests: an embedded name
-// server plus broker on loopback (RunCluster) and a deadline-bounded poller
-// (CheckFor). It is imported only from _test.go files.
+// server plus broker on loopback (RunCluster and StartNameServer, thin
+// wrappers over package embedded for the tests written before it) and a
+// deadline-bounded poller (CheckFor). It is imported only from _test.go
+// files.
 package testutil
 
 import (
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/internal/testutil/poll"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -18,7 +21,7 @@ import (
 )
 
 // BrokerName is the broker name RunCluster gives its broker unless an
-// option overrides it.
+// option overrides it (embedded.BrokerName(0)).
 const BrokerName = "broker-a"
 
 // startTimeout bounds starting the cluster and waiting for its registration.
@@ -34,6 +37,8 @@ type Cluster struct {
 	BrokerAddr string
 	// Broker is the running broker; t.Cleanup closes it.
 	Broker *broker.Broker
+	// Embedded is the cluster itself (fault hooks, CreateTopic, Messages).
+	Embedded *embedded.Cluster
 }
 
 // RunCluster starts a name server and a broker (named BrokerName, async
@@ -41,66 +46,32 @@ type Cluster struct {
 // after these defaults and may override them), waits until the name server
 // lists the broker — so its topics, TBW102 included, are routable — and
 // registers t.Cleanup to close both. It blocks for at most about 20 s and
-// fails t on any error.
+// fails t on any error. It is embedded.Start with
+// embedded.WithBrokerOptions(opts...).
 func RunCluster(t testing.TB, opts ...broker.Option) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	ns := StartNameServer(ctx, t)
-	bopts := append([]broker.Option{broker.WithDataDir(t.TempDir()), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithBrokerName(BrokerName), broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync)}, opts...)
-	b, err := broker.New(bopts...)
+	ec, err := embedded.Start(ctx, embedded.WithDataDir(t.TempDir()), embedded.WithBrokerOptions(opts...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	cl := &Cluster{NameServer: ns.Addr(), BrokerAddr: b.Addr(), Broker: b}
-	cl.waitRegistered(t, ctx)
-	return cl
+	t.Cleanup(func() { _ = ec.Close() })
+	b := ec.Broker(0)
+	return &Cluster{NameServer: ec.NameServer(), BrokerAddr: b.Addr(), Broker: b.Server(), Embedded: ec}
 }
 
 // StartNameServer starts a name server on 127.0.0.1:0 with its KV config in
 // t.TempDir() and registers t.Cleanup to close it; it fails t on any error.
+// It is embedded.Start with embedded.WithBrokers(0).
 func StartNameServer(ctx context.Context, t testing.TB) *namesrv.Server {
 	t.Helper()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
+	ec, err := embedded.Start(ctx, embedded.WithDataDir(t.TempDir()), embedded.WithBrokers(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	return ns
-}
-
-// waitRegistered polls the name server until it lists the broker's
-// advertised address as a master. A broker registers its whole topic table
-// at once, so from then on every topic it had at start (TBW102 too, unless
-// auto-creation is off) is routable.
-func (cl *Cluster) waitRegistered(t testing.TB, ctx context.Context) {
-	t.Helper()
-	c, err := client.New(client.WithNameServers(cl.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	want := cl.Broker.AdvertisedAddr()
-	CheckFor(t, startTimeout, 10*time.Millisecond, func() error {
-		ci, err := c.ClusterInfo(ctx)
-		if err != nil {
-			return err
-		}
-		for _, bd := range ci.BrokerAddrTable {
-			if bd.BrokerAddrs[0] == want {
-				return nil
-			}
-		}
-		return fmt.Errorf("testutil: name server %s does not list broker %s yet", cl.NameServer, want)
-	})
+	t.Cleanup(func() { _ = ec.Close() })
+	return ec.Namesrv()
 }
 
 // CheckFor calls fn every `every` until it returns nil, and fails t with

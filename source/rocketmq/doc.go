@@ -7,6 +7,19 @@
 //	msgs := pipeline.FromSource(job, "lines", src)             // Stream[rocketmq.Message]
 //	raw := pipeline.FromBytes(job, "events", src.Bytes(), codec) // bodies decoded with a codec
 //
+// # Identity
+//
+// A Source takes its identity from the pipeline job it is added to
+// (jobinfo.Binder; the job calls Bind before it uses the source): its
+// consumer group is the job's name (GroupName) unless WithGroup names
+// another, so that every source of a job, and every run of it, reports
+// offsets and takes queue locks under one group, and two jobs never share
+// one by accident. (A source used outside a job keeps the group
+// "runnel_" + topic, the default before sources were bound; a job that
+// relied on it and wants to keep its group passes WithGroup.) A source
+// made by Dial instead of New owns its Client and names it after the job
+// and its checkpoint directory (InstanceName), for queue locks (below).
+//
 // # Splits and offsets
 //
 // Every readable message queue of the topic is one split, with the stable ID
@@ -80,8 +93,22 @@
 // of the same job waits in Splits (logging that it does) until the locks
 // are free, or fails with ErrQueueLocked after WithLockWait. The broker keeps
 // a killed process's locks until they expire (60 s) but grants them at once
-// to the same client id: build the Client with
-// client.WithInstanceName(InstanceName(jobName, checkpointDir)) so that a
-// restarted job re-acquires its queues immediately. Close the Source after
-// the job to release the locks.
+// to the same client id. A source made by Dial names its client
+// InstanceName(job, checkpoint directory) when the job binds it, so that a
+// restarted job re-acquires its queues immediately:
+//
+//	src, err := rocketmq.Dial("orders", []client.Option{client.WithNameServers(ns)},
+//		rocketmq.WithQueueLocks(true))
+//	defer src.Close() // after Run: releases the locks and closes the client
+//
+// A source made by New shares the user's Client, whose name was fixed when
+// it was made: build that Client with
+// client.WithInstanceName(InstanceName(jobName, checkpointDir)) for the same
+// effect. Close the Source after the job to release the locks. The sources
+// of a job reading several topics with queue locks lock them all in the
+// job's group; each source's lock consumer reports only its own topic in
+// heartbeats, so the broker's table of the group's subscriptions follows
+// the last heartbeat (pulls carry their own subscription and are not
+// affected). Give them groups of their own (WithGroup) where a tool reads
+// that table.
 package rocketmq

@@ -28,11 +28,12 @@ import (
 // bound (WithLockWait) passes.
 //
 // The broker grants a lock held by the same client id, and keeps the locks
-// of a killed process until they expire (60 s by default). Give the Client
+// of a killed process until they expire (60 s by default). A client with
 // the same instance name on every run of the same job (InstanceName derives
-// one from the job name and checkpoint directory), so that a restarted
-// process re-acquires its locks at once, while another job process (another
-// checkpoint directory) waits.
+// one from the job name and checkpoint directory; a Dial source bound to
+// the job names its client so by itself) re-acquires its locks at once
+// after a restart, while another job process (another checkpoint
+// directory) waits.
 
 var (
 	// ErrQueueLockLost is returned by Poll (wrapped, naming the queue) once
@@ -47,7 +48,8 @@ var (
 
 // InstanceName returns a client instance name (for client.WithInstanceName)
 // that is the same on every run of job with checkpoint directory dir, and
-// differs between jobs or directories: "runnel-" and 16 hex digits.
+// differs between jobs or directories: "runnel-" and 16 hex digits. A Dial
+// source bound to a job gives it to its client by itself.
 func InstanceName(job, dir string) string {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
@@ -233,17 +235,29 @@ func (s *Source) lockQueues(ctx context.Context, splits ...source.Split) error {
 }
 
 // Close releases the source's broker queue locks (WithQueueLocks), if it
-// took any: call it after the job ended and before closing the Client. It
-// is idempotent; a Source without queue locks has nothing to release.
+// took any, and closes the client of a Dial source: call it after the job
+// ended (and, for a New source, before closing the Client). It is
+// idempotent; a New source without queue locks has nothing to release.
 func (s *Source) Close() error {
 	s.lk.Lock()
 	ql := s.lk.q
 	s.lk.q, s.lk.closed = nil, true
 	s.lk.Unlock()
-	if ql == nil {
-		return nil
+	var err error
+	if ql != nil {
+		err = ql.g.Close()
 	}
-	return ql.g.Close()
+	if s.dial != nil {
+		s.mu.Lock()
+		c := s.c
+		closed := s.mu.closed
+		s.mu.closed = true
+		s.mu.Unlock()
+		if c != nil && !closed {
+			err = errors.Join(err, c.Close())
+		}
+	}
+	return err
 }
 
 // fenced fails Poll once the split's queue lock was lost.

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -100,36 +101,25 @@ func TestQueueLocksFence(t *testing.T) {
 }
 
 const (
-	lockChildEnv = "RUNNEL_TEST_LOCK_CHILD" // instance name of the child job
+	lockChildEnv = "RUNNEL_TEST_LOCK_CHILD" // checkpoint directory of the child job
 	lockNSEnv    = "RUNNEL_TEST_LOCK_NS"
 	lockTopic    = "locked_job"
 )
 
 // lockChild is a job process for TestQueueLocksAcrossProcesses: it reads
-// lockTopic with queue locks under the client instance name from the
-// environment, prints RUNNING once its tasks run and runs until killed.
+// lockTopic with queue locks through a Dial source (whose client the job
+// names after itself and its checkpoint directory, taken from the
+// environment), prints RUNNING once its tasks run and runs until killed.
 func lockChild() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	c, err := client.New(client.WithNameServers(os.Getenv(lockNSEnv)), client.WithClientIP(netip.MustParseAddr("127.0.0.1")),
-		client.WithInstanceName(os.Getenv(lockChildEnv)))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ERROR:", err)
-		return 1
-	}
-	defer c.Close()
-	src, err := New(c, lockTopic, WithQueueLocks(true), WithOffsetReporting(false), WithLogger(log))
+	src, err := Dial(lockTopic, []client.Option{client.WithNameServers(os.Getenv(lockNSEnv)), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))},
+		WithQueueLocks(true), WithOffsetReporting(false), WithLogger(log))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ERROR:", err)
 		return 1
 	}
 	defer src.Close()
-	dir, err := os.MkdirTemp("", "runnel-lock-child-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ERROR:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	job := pipeline.New("lock-child", pipeline.CheckpointDir(dir), pipeline.CheckpointInterval(100*time.Millisecond))
+	job := pipeline.New("lock-child", pipeline.CheckpointDir(os.Getenv(lockChildEnv)), pipeline.CheckpointInterval(100*time.Millisecond))
 	pipeline.To(pipeline.FromSource(job, "in", src), "out", sink.NewFunc(func(context.Context, Message) error { return nil }, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -162,10 +152,10 @@ type jobProc struct {
 	done    chan struct{}
 }
 
-func startJobProc(t *testing.T, ns, instance string) *jobProc {
+func startJobProc(t *testing.T, ns, dir string) *jobProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), lockChildEnv+"="+instance, lockNSEnv+"="+ns)
+	cmd.Env = append(os.Environ(), lockChildEnv+"="+dir, lockNSEnv+"="+ns)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -220,10 +210,11 @@ func (p *jobProc) log() string {
 }
 
 // TestQueueLocksAcrossProcesses: a second job process on the same topic and
-// group is blocked by the first one's queue locks; after kill -9 of the
-// first, a restart with the same client instance name (same job, same
-// checkpoint directory) re-acquires the locks at once, long before the
-// broker's 60 s expiry, while the second process stays blocked.
+// group (the job's name) is blocked by the first one's queue locks; after
+// kill -9 of the first, a restart on the same checkpoint directory — whose
+// Dial source gives its client the same instance name by itself —
+// re-acquires the locks at once, long before the broker's 60 s expiry,
+// while the second process (another directory) stays blocked.
 func TestQueueLocksAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns job processes")
@@ -231,7 +222,7 @@ func TestQueueLocksAcrossProcesses(t *testing.T) {
 	cl := newCluster(t)
 	cl.createTopic(lockTopic, 2)
 	cl.produce(lockTopic, 0, bodies("m", 10)...)
-	first := InstanceName("lock-child", "dir-1")
+	first := filepath.Join(t.TempDir(), "dir-1")
 	a := startJobProc(t, cl.ns, first)
 	select {
 	case <-a.running:
@@ -240,7 +231,7 @@ func TestQueueLocksAcrossProcesses(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("first job not running: %s", a.log())
 	}
-	b := startJobProc(t, cl.ns, InstanceName("lock-child", "dir-2"))
+	b := startJobProc(t, cl.ns, filepath.Join(t.TempDir(), "dir-2"))
 	// The second one must log that it waits and must not start.
 	testutil.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if !strings.Contains(b.log(), "waiting for broker queue locks") {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/runnel-dev/runnel/transport/client"
 )
 
 // Defaults of the source's options.
@@ -35,6 +37,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	group         string
+	groupSet      bool // WithGroup was given: Bind keeps the group
 	start         StartPosition
 	stop          StopPosition
 	tagExpr       string
@@ -81,10 +84,14 @@ func (c *config) validate() error {
 	return c.stop.validate()
 }
 
-// WithGroup sets the consumer group the source pulls as and reports its
-// checkpointed offsets under (default "runnel_" + topic). Brokers create
-// unknown groups on first use unless configured not to.
-func WithGroup(group string) Option { return optionFunc(func(c *config) { c.group = group }) }
+// WithGroup sets the consumer group the source pulls as, reports its
+// checkpointed offsets under and takes queue locks in. The default is the
+// job's: GroupName of the name of the pipeline job the source is bound to
+// (Bind), or "runnel_" + topic for a source used outside a job. Brokers
+// create unknown groups on first use unless configured not to.
+func WithGroup(group string) Option {
+	return optionFunc(func(c *config) { c.group, c.groupSet = group, true })
+}
 
 // WithStart sets where a split without a checkpointed offset starts
 // (default Earliest()).
@@ -131,9 +138,9 @@ func WithOffsetReporting(on bool) Option { return optionFunc(func(c *config) { c
 // WithQueueLocks makes the source take the broker lock of every queue of
 // the topic under its group before reading, renew it, and fail the split
 // (ErrQueueLockLost) if it is lost: one process owns the job's queues (see
-// locks.go's overview and InstanceName). Default off. Call Close after the
-// job to release the locks. Give each job its own group (WithGroup): two
-// jobs in one group exclude each other.
+// the package documentation). Default off. Call Close after the job to
+// release the locks. Jobs exclude each other when they lock in the same
+// group: the default group, the job's name, keeps different jobs apart.
 func WithQueueLocks(on bool) Option { return optionFunc(func(c *config) { c.locks = on }) }
 
 // WithLockWait bounds how long Splits and Open wait for queue locks held by
@@ -259,4 +266,23 @@ func (p StopPosition) validate() error {
 		return fmt.Errorf("%w: negative stop grace %v", ErrInvalidOption, p.grace)
 	}
 	return nil
+}
+
+// GroupName returns the consumer group of job's RocketMQ sources when they
+// are given none (WithGroup): job's name with the characters RocketMQ does
+// not allow in group names replaced by '_', cut to client.MaxGroupLength.
+// A job named "etl" reads as group "etl".
+func GroupName(job string) string {
+	g := []byte(job)
+	for i, b := range g {
+		switch {
+		case b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b >= '0' && b <= '9', b == '_', b == '-':
+		default:
+			g[i] = '_'
+		}
+	}
+	if len(g) > client.MaxGroupLength {
+		g = g[:client.MaxGroupLength]
+	}
+	return string(g)
 }

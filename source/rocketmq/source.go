@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/source"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -23,20 +24,29 @@ var (
 )
 
 // Source reads one topic: one split per readable message queue. It
-// implements source.Source[Message] and source.Discoverer; Bytes adapts it to
-// source.Source[[]byte].
+// implements source.Source[Message], source.Discoverer and jobinfo.Binder;
+// Bytes adapts it to source.Source[[]byte].
 //
 // A Source is safe for concurrent use (each split task opens its own
-// reader). It does not own the Client: close the Client after the job ends.
+// reader). A Source made by New does not own its Client: close the Client
+// after the job ends. One made by Dial owns the Client it makes; Close
+// closes it.
 type Source struct {
+	// c is the source's client: New's, or the one connect made from dial.
+	// It is set before any reader exists (connect runs first in Splits,
+	// DiscoverSplits and Open) and never changes afterwards.
 	c     *client.Client
+	dial  []client.Option // Dial's client options; nil for New
 	topic string
 	cfg   config
 	log   *slog.Logger
 
 	mu struct {
 		sync.Mutex
-		listed map[string]bool // splits returned by Splits
+		listed   map[string]bool // splits returned by Splits
+		bound    *jobinfo.Info   // set by Bind
+		instance string          // the instance name Bind derived (Dial)
+		closed   bool            // Close was called (Dial: no new client)
 	}
 	// lk holds the queue locks (WithQueueLocks; locks.go). Lock order: lk
 	// before mu.
@@ -50,6 +60,7 @@ type Source struct {
 var (
 	_ source.Source[Message] = (*Source)(nil)
 	_ source.Discoverer      = (*Source)(nil)
+	_ jobinfo.Binder         = (*Source)(nil)
 )
 
 // New returns a source of topic read through c. It validates the options and
@@ -58,6 +69,22 @@ func New(c *client.Client, topic string, opts ...Option) (*Source, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidOption)
 	}
+	return newSource(c, nil, topic, opts)
+}
+
+// Dial returns a source of topic that reads through a Client of its own,
+// made from clientOpts when it is first used (Splits, Open, DiscoverSplits)
+// and closed by Close. Bound to a job with a checkpoint directory (see
+// Bind), its client's instance name is InstanceName(job, directory) unless
+// clientOpts set one (client.WithInstanceName): the same on every run of
+// the job on that directory, which is what lets a restarted job take its
+// queue locks back at once (WithQueueLocks). It validates the options and
+// does no I/O.
+func Dial(topic string, clientOpts []client.Option, opts ...Option) (*Source, error) {
+	return newSource(nil, append([]client.Option{}, clientOpts...), topic, opts)
+}
+
+func newSource(c *client.Client, dial []client.Option, topic string, opts []Option) (*Source, error) {
 	if topic == "" {
 		return nil, fmt.Errorf("%w: empty topic", ErrInvalidOption)
 	}
@@ -84,20 +111,88 @@ func New(c *client.Client, topic string, opts ...Option) (*Source, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Source{c: c, topic: topic, cfg: cfg, log: log.With("topic", topic)}
+	s := &Source{c: c, dial: dial, topic: topic, cfg: cfg, log: log.With("topic", topic)}
 	return s, nil
 }
 
 // Topic returns the topic the source reads.
 func (s *Source) Topic() string { return s.topic }
 
-// Group returns the consumer group the source pulls as.
-func (s *Source) Group() string { return s.cfg.group }
+// Group returns the consumer group the source pulls as, reports offsets
+// under and takes queue locks in: WithGroup's, else, once bound to a job,
+// GroupName of the job's name, else "runnel_" + topic.
+func (s *Source) Group() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.group
+}
+
+// Bind implements jobinfo.Binder; a pipeline job calls it before it uses
+// the source. Without WithGroup, the source's consumer group becomes
+// GroupName(info.Job) (instead of "runnel_" + topic). A Dial source bound
+// with a state directory names its client InstanceName(info.Job,
+// info.StateDir) unless its client options name it. Binding again to the
+// same job and directory (the source added under another UID) changes
+// nothing; binding to another job, or a Dial source after its client was
+// made, is an error.
+func (s *Source) Bind(info jobinfo.Info) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.mu.bound; b != nil {
+		if b.Job != info.Job || b.StateDir != info.StateDir {
+			return fmt.Errorf("rocketmq source: %s: already bound to job %q (state %q), not %q (state %q)",
+				s.topic, b.Job, b.StateDir, info.Job, info.StateDir)
+		}
+		return nil
+	}
+	if s.dial != nil && s.c != nil {
+		return fmt.Errorf("rocketmq source: %s: bound after its client was made", s.topic)
+	}
+	if !s.cfg.groupSet && info.Job != "" {
+		s.cfg.group = GroupName(info.Job)
+	}
+	if s.dial != nil && info.StateDir != "" {
+		s.mu.instance = InstanceName(info.Job, info.StateDir)
+	}
+	s.mu.bound = &info
+	s.log.Debug("bound to job", "job", info.Job, "uid", info.UID, "group", s.cfg.group, "instance", s.mu.instance)
+	return nil
+}
+
+// connect makes a Dial source's client on first use; a New source has
+// one. Every entry point calls it before it reads s.c.
+func (s *Source) connect() error {
+	if s.dial == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.c != nil:
+		return nil
+	case s.mu.closed:
+		return ErrClosed
+	}
+	opts := s.dial
+	if s.mu.instance != "" {
+		// First, so that the user's client.WithInstanceName wins.
+		opts = append([]client.Option{client.WithInstanceName(s.mu.instance)}, s.dial...)
+	}
+	c, err := client.New(opts...)
+	if err != nil {
+		return fmt.Errorf("rocketmq source: client: %w", err)
+	}
+	s.c = c
+	return nil
+}
 
 // Splits implements source.Source: the topic's readable queues, sorted by
 // broker name then queue id. It asks a name server for the route (bounded by
 // ctx).
 func (s *Source) Splits(ctx context.Context) ([]source.Split, error) {
+	if err := s.connect(); err != nil {
+		return nil, err
+	}
 	splits, err := s.list(ctx)
 	if err != nil {
 		return nil, err
@@ -120,6 +215,9 @@ func (s *Source) Splits(ctx context.Context) ([]source.Split, error) {
 // from a fresh route. Splits it finds that Splits did not list start at
 // their min offset when they have no checkpoint.
 func (s *Source) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
+	if err := s.connect(); err != nil {
+		return nil, err
+	}
 	if _, err := s.c.RefreshRoute(ctx, s.topic); err != nil {
 		return nil, fmt.Errorf("rocketmq source: route of %s: %w", s.topic, err)
 	}
@@ -144,6 +242,9 @@ func (s *Source) list(ctx context.Context) ([]source.Split, error) {
 // and starts its fetch goroutine. It may ask the broker for offsets (bounded
 // by ctx).
 func (s *Source) Open(ctx context.Context, split source.Split, restoredOffset []byte) (source.SplitReader[Message], error) {
+	if err := s.connect(); err != nil {
+		return nil, err
+	}
 	if err := s.lockQueues(ctx, split); err != nil {
 		return nil, err
 	}
@@ -240,10 +341,12 @@ func (s *Source) startOffset(ctx context.Context, q protocol.MessageQueue, id st
 }
 
 // Bytes returns the source as a source.Source[[]byte] of message bodies
-// (for pipeline.FromBytes); offsets and splits are the same.
+// (for pipeline.FromBytes); offsets, splits and binding are the same.
 func (s *Source) Bytes() source.Source[[]byte] { return bytesSource{s} }
 
 type bytesSource struct{ s *Source }
+
+func (b bytesSource) Bind(info jobinfo.Info) error { return b.s.Bind(info) }
 
 func (b bytesSource) Splits(ctx context.Context) ([]source.Split, error) { return b.s.Splits(ctx) }
 
@@ -255,6 +358,9 @@ func (b bytesSource) DiscoverSplits(ctx context.Context) ([]source.Split, error)
 }
 
 func (b bytesSource) Open(ctx context.Context, split source.Split, restored []byte) (source.SplitReader[[]byte], error) {
+	if err := b.s.connect(); err != nil {
+		return nil, err
+	}
 	if err := b.s.lockQueues(ctx, split); err != nil {
 		return nil, err
 	}

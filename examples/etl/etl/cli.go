@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
-	"time"
 
-	"github.com/runnel-dev/runnel/examples/wordcount/wordcount"
+	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
 // Flags is the parsed command line.
@@ -51,7 +50,8 @@ func ParseFlags(name string, args []string, stderr io.Writer) (*Flags, error) {
 
 // Main is the ETL worker's command line (examples/etl and `runnel demo`'s
 // job process): it parses args, starts an embedded broker without
-// -namesrv, creates missing topics and runs the job until ctx ends.
+// -namesrv (package embedded), creates missing topics and runs the job
+// until ctx ends.
 func Main(ctx context.Context, name string, args []string, stderr io.Writer) (err error) {
 	f, err := ParseFlags(name, args, stderr)
 	if err != nil {
@@ -63,17 +63,18 @@ func Main(ctx context.Context, name string, args []string, stderr io.Writer) (er
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	f.Config.Logger = log
-	addr, target := f.NameServer, f.Cluster
-	if addr == "" {
-		cl, err := wordcount.StartCluster(ctx, filepath.Join(f.Config.StateDir, "cluster"), nil)
+	target := f.Cluster
+	copts := []client.Option{client.WithNameServers(f.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
+	if f.NameServer == "" {
+		cl, err := embedded.Start(ctx, embedded.WithDataDir(filepath.Join(f.Config.StateDir, "cluster")))
 		if err != nil {
 			return err
 		}
 		defer func() { err = errors.Join(err, cl.Close()) }()
-		addr, target = cl.NameServer(), cl.BrokerAddr()
-		log.Info("embedded name server and broker", "namesrv", addr, "broker", target)
+		copts, target = cl.ClientOptions(), cl.BrokerAddr()
+		log.Info("embedded name server and broker", "namesrv", cl.NameServer(), "broker", target)
 	}
-	c, err := wordcount.NewClient(addr)
+	c, err := client.New(copts...)
 	if err != nil {
 		return err
 	}
@@ -87,20 +88,11 @@ func Main(ctx context.Context, name string, args []string, stderr io.Writer) (er
 }
 
 // EnsureTopics creates the topics the name server does not know, with
-// queues queues, on target.
+// queues queues, on target (embedded.EnsureTopic).
 func EnsureTopics(ctx context.Context, c *client.Client, target string, queues int, topics ...string) error {
 	for _, t := range topics {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.RefreshRoute(rctx, t)
-		cancel()
-		switch {
-		case err == nil:
-			continue
-		case !errors.Is(err, protocol.ErrTopicNotExist):
-			return fmt.Errorf("etl: route of %s: %w", t, err)
-		}
-		if err := wordcount.CreateTopic(ctx, c, target, t, queues); err != nil {
-			return err
+		if err := embedded.EnsureTopic(ctx, c, target, t, queues); err != nil {
+			return fmt.Errorf("etl: %w", err)
 		}
 	}
 	return nil

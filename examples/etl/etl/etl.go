@@ -360,7 +360,8 @@ type Config struct {
 	// In, Out and DLQ are the topics (defaults DefaultIn, DefaultOut,
 	// DefaultDLQ).
 	In, Out, DLQ string
-	// Group names the job: its consumer group, its producer groups
+	// Group names the job (pipeline.New), and so its source's consumer
+	// group (the job binds the source to it), its producer groups
 	// (sink/rocketmq.TxGroup(Group, …)) and its checkpoint fingerprint
 	// (default DefaultGroup).
 	Group string
@@ -448,7 +449,9 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 		}
 		out, dlq = o, d
 	}
-	srcOpts := []srcmq.Option{srcmq.WithGroup(cfg.Group), srcmq.WithLogger(log)}
+	// The source's consumer group is the job's name (cfg.Group): the job
+	// binds it.
+	srcOpts := []srcmq.Option{srcmq.WithLogger(log)}
 	if cfg.Bounded {
 		srcOpts = append(srcOpts, srcmq.WithStop(srcmq.StopAtLatest()))
 	}

@@ -299,7 +299,9 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (st Stats, err error
 		return st, err
 	}
 	defer func() { st.DeadLetters = dlq.Stats(); err = errors.Join(err, dlq.Close()) }()
-	srcOpts := []srcmq.Option{srcmq.WithGroup(cfg.Job), srcmq.WithLogger(log)}
+	// The source's consumer group is the job's name (cfg.Job): the job
+	// binds it.
+	srcOpts := []srcmq.Option{srcmq.WithLogger(log)}
 	if cfg.Bounded {
 		srcOpts = append(srcOpts, srcmq.WithStop(srcmq.StopAtLatest()))
 	}

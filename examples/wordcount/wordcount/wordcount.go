@@ -1,18 +1,15 @@
 // Package wordcount is the word-count job of runnel's examples and demo:
 // lines read from a RocketMQ topic, split into words, counted per word in
 // keyed state, and the final counts emitted when the (bounded) input ends.
-// It also starts the embedded name server + broker in-process and produces
-// sample text, so that the example and `runnel demo` need nothing but Go.
+// It also makes and produces sample text, so that the example and `runnel
+// demo wordcount` (which run it on package embedded's in-process cluster)
+// need nothing but Go.
 package wordcount
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"net/netip"
-	"path/filepath"
 	"strings"
 	"time"
 	"unicode"
@@ -21,9 +18,7 @@ import (
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/source/rocketmq"
 	"github.com/runnel-dev/runnel/state"
-	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
-	"github.com/runnel-dev/runnel/transport/namesrv"
 )
 
 // WordCount is one word's count.
@@ -127,67 +122,6 @@ func Count(lines []string) map[string]int64 {
 		}
 	}
 	return m
-}
-
-// Cluster is an embedded name server and broker running in this process.
-type Cluster struct {
-	ns *namesrv.Server
-	b  *broker.Broker
-}
-
-// StartCluster starts a name server and a broker on free loopback ports,
-// storing their data under dir. Close stops them.
-func StartCluster(ctx context.Context, dir string, log *slog.Logger) (*Cluster, error) {
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(filepath.Join(dir, "namesrv")),
-		namesrv.WithLogger(log))
-	if err != nil {
-		return nil, err
-	}
-	if err := ns.Start(ctx); err != nil {
-		return nil, errors.Join(err, ns.Close())
-	}
-	b, err := broker.New(broker.WithDataDir(filepath.Join(dir, "broker")), broker.WithListenAddr("127.0.0.1:0"),
-		broker.WithNameServers(ns.Addr()), broker.WithFlushMode(broker.FlushAsync), broker.WithLogger(log))
-	if err != nil {
-		return nil, errors.Join(err, ns.Close())
-	}
-	if err := b.Start(ctx); err != nil {
-		return nil, errors.Join(err, b.Close(), ns.Close())
-	}
-	return &Cluster{ns: ns, b: b}, nil
-}
-
-// NameServer returns the name server's address.
-func (c *Cluster) NameServer() string { return c.ns.Addr() }
-
-// BrokerAddr returns the broker's address.
-func (c *Cluster) BrokerAddr() string { return c.b.Addr() }
-
-// Close stops the broker and the name server (idempotent).
-func (c *Cluster) Close() error { return errors.Join(c.b.Close(), c.ns.Close()) }
-
-// NewClient returns a client of the name server at addr.
-func NewClient(addr string) (*client.Client, error) {
-	return client.New(client.WithNameServers(addr), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
-}
-
-// CreateTopic creates topic with queues queues on target (a broker address
-// or a cluster name) and waits until the name server's route shows them.
-func CreateTopic(ctx context.Context, c *client.Client, target, topic string, queues int) error {
-	if err := c.CreateTopic(ctx, target, client.TopicConfig{TopicName: topic, ReadQueueNums: int32(queues), WriteQueueNums: int32(queues)}); err != nil {
-		return err
-	}
-	for {
-		r, err := c.RefreshRoute(ctx, topic)
-		if err == nil && len(r.SubscribeQueues()) >= queues {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wordcount: waiting for the route of %s: %w (last: %w)", topic, ctx.Err(), err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // Produce sends lines to topic through p (c is p's client), spread over its writable queues in order
