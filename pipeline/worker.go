@@ -41,8 +41,8 @@ var ErrWorkerFingerprint = errors.New("pipeline: the running job has another fin
 func Ranges(n int) JobOption { return jobOptionFunc(func(c *jobConfig) { c.ranges = n }) }
 
 // WorkerGroup names the consumer group the workers of a job run with
-// RunWorker join (default "runnel_" + the job's name). Every worker of one
-// job must use the same.
+// RunWorker join (default: the job's name, which is also its RocketMQ
+// sources' default group). Every worker of one job must use the same.
 func WorkerGroup(g string) JobOption { return jobOptionFunc(func(c *jobConfig) { c.workerGroup = g }) }
 
 // Standbys sets how many workers of a job run with RunWorker keep a warm

@@ -42,9 +42,10 @@ func TopicName(job, stage, kind string) string {
 }
 
 // GroupName is the consumer group the workers of a job join (unless the
-// user names one): it owns the tasks' input queues.
+// user names one): the job's name, as source/rocketmq's sources of the job
+// default to (characters RocketMQ does not allow become '_').
 func GroupName(job string) string {
-	g := "runnel_" + sanitize(job)
+	g := sanitize(job)
 	if len(g) > 255 {
 		g = g[:255]
 	}

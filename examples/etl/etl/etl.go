@@ -383,6 +383,33 @@ type Config struct {
 	SinkOptions []mqsink.TxOption
 	// Logger (nil discards).
 	Logger *slog.Logger
+
+	// SingleProcess runs the job in this process alone (pipeline.Job.Run)
+	// instead of as one worker of many (pipeline.RunWorker, the default:
+	// every process started with the same Group shares the work).
+	SingleProcess bool
+	// Partitioned declares that the input is partitioned by customer (all
+	// orders of a customer on one queue, as Produce sends them): workers
+	// then count each customer in its queue's task instead of sending the
+	// orders through a repartition topic. Wrong counts result if the input
+	// is not.
+	Partitioned bool
+	// Ranges and Standbys are the workers' pipeline.Ranges and
+	// pipeline.Standbys (0: their defaults).
+	Ranges, Standbys int
+	// StatusAddr serves the worker's status there ("" none); OnStatusAddr
+	// is told its address.
+	StatusAddr   string
+	OnStatusAddr func(string)
+	// WorkerOptions are added to the workers' options (tests).
+	WorkerOptions []pipeline.JobOption
+}
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
 }
 
 func (c *Config) defaults() error {
@@ -415,6 +442,9 @@ func cmpOr(a, b string) string {
 func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 	if err := cfg.defaults(); err != nil {
 		return err
+	}
+	if !cfg.SingleProcess {
+		return runWorker(ctx, c, cfg)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -472,9 +502,17 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 // Build adds the ETL graph to job: src → decode + validate (bad orders to
 // dlq) → KeyBy customer → enrich → out.
 func Build(job *pipeline.Job, src *srcmq.Source, out sink.Sink[Enriched], dlq sink.Sink[sink.DeadLetter]) {
+	build(job, src, out, dlq, false)
+}
+
+func build(job *pipeline.Job, src *srcmq.Source, out sink.Sink[Enriched], dlq sink.Sink[sink.DeadLetter], partitioned bool) {
 	bad := pipeline.DeadLetter(UIDDLQ, dlq)
 	orders := pipeline.FromSourceDecoded(job, UIDSource, src, DecodeOrder, pipeline.OnBadRecord(bad), pipeline.NoWatermarks())
-	enriched := pipeline.Process(pipeline.KeyBy(orders, func(o Order) string { return o.Customer }), UIDEnrich,
+	byCustomer := pipeline.KeyBy(orders, func(o Order) string { return o.Customer }).WithCodec(OrderCodec())
+	if partitioned {
+		byCustomer = byCustomer.PrePartitioned()
+	}
+	enriched := pipeline.Process(byCustomer, UIDEnrich,
 		func() pipeline.KeyedProcessFunc[string, Order, Enriched] { return &enrich{} }, pipeline.OnError(bad))
 	pipeline.To(enriched, UIDOut, out)
 }
