@@ -35,6 +35,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
@@ -360,9 +361,9 @@ type Config struct {
 	// In, Out and DLQ are the topics (defaults DefaultIn, DefaultOut,
 	// DefaultDLQ).
 	In, Out, DLQ string
-	// Group names the job: its consumer group, its producer groups
-	// (sink/rocketmq.TxGroup(Group, …)) and its checkpoint fingerprint
-	// (default DefaultGroup).
+	// Group names the job (pipeline.New's name): its consumer group, its
+	// sinks' producer groups (sink/rocketmq.TxGroup(Group, sink UID), bound
+	// from the job) and its checkpoint fingerprint (default DefaultGroup).
 	Group string
 	// StateDir is the checkpoint directory (required: it is what makes a
 	// restart resume).
@@ -437,14 +438,25 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 			return err
 		}
 	} else {
+		// Each sink's producer group comes from the job: its name and the
+		// UID the sink is added under (TxGroup(Group, UID)).
 		opts := append([]mqsink.TxOption{mqsink.WithTxLogger(log)}, cfg.SinkOptions...)
-		o, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDOut), outMap, opts...)
+		o, err := mqsink.NewExactlyOnce(c, outMap, opts...)
 		if err != nil {
 			return err
 		}
-		d, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDDLQ), dlqMap, opts...)
+		d, err := mqsink.NewExactlyOnce(c, dlqMap, opts...)
 		if err != nil {
 			return errors.Join(err, o.Close())
+		}
+		// Until pipeline.Job binds its sinks (jobinfo.Binder) itself, the
+		// job binds them here; a repeated Bind with the same identity is a
+		// no-op, so these lines can go once it does.
+		if err := errors.Join(
+			o.Bind(jobinfo.Info{Job: cfg.Group, UID: UIDOut, StateDir: cfg.StateDir}),
+			d.Bind(jobinfo.Info{Job: cfg.Group, UID: UIDDLQ, StateDir: cfg.StateDir}),
+		); err != nil {
+			return errors.Join(err, o.Close(), d.Close())
 		}
 		out, dlq = o, d
 	}
