@@ -56,9 +56,14 @@ type laneCommitter struct {
 	group    string // the producer group, for logs
 }
 
-// errDiscardedHalf marks an END_TRANSACTION refused because the broker
-// discarded the half message.
-var errDiscardedHalf = errors.New("half message discarded")
+var (
+	// errDiscardedHalf marks an END_TRANSACTION refused because the broker
+	// discarded the half message.
+	errDiscardedHalf = errors.New("half message discarded")
+	// errAbortCommitted marks a rollback refused because the half message
+	// was committed.
+	errAbortCommitted = errors.New("rocketmq sink: abort of committed half message")
+)
 
 // classifyEnd names the broker's refusals of an END_TRANSACTION of h that
 // no retry can change: errDiscardedHalf, ErrRolledBack (commit of a
@@ -74,7 +79,7 @@ func classifyEnd(err error, h *client.TxHandle, commit bool) error {
 	case commit && strings.Contains(pe.Remark, "ended with rollback"):
 		return fmt.Errorf("%w: %s: %w", ErrRolledBack, h.MsgID, err)
 	case !commit && strings.Contains(pe.Remark, "ended with commit"):
-		return fmt.Errorf("rocketmq sink: abort of committed half message %s: %w", h.MsgID, err)
+		return fmt.Errorf("%w %s: %w", errAbortCommitted, h.MsgID, err)
 	}
 	return err
 }
@@ -98,7 +103,8 @@ func (lc *laneCommitter) endAttempt(ctx context.Context, h *client.TxHandle, com
 // and when ctx ends.
 func (lc *laneCommitter) endRetry(ctx context.Context, h *client.TxHandle, commit bool, err error) error {
 	for i := 1; i < lc.attempts && err != nil; i++ {
-		if errors.Is(err, errDiscardedHalf) || errors.Is(err, ErrRolledBack) || errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
+		if errors.Is(err, errDiscardedHalf) || errors.Is(err, ErrRolledBack) || errors.Is(err, errAbortCommitted) ||
+			errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
 			return err
 		}
 		lc.log.Warn("rocketmq sink: END_TRANSACTION failed; retrying", "group", lc.group, "msgId", h.MsgID,
