@@ -26,6 +26,7 @@ import (
 //	checkback.go  check-back answers: the decision and the local view it is made from
 //	restore.go    Recover
 //	txndesc.go    the transaction description's encoding
+//	txoptions.go  TxOption and the protocol's phases (WithPhaseHook)
 //
 // ExactlyOnce[T] (exactly.go) maps records to messages and forwards every
 // call to its engine.
@@ -146,11 +147,15 @@ func (e *txEngine) startProducer(group string) error {
 		// per record.
 		popts = append(popts, client.WithSendTimeout(e.cfg.sendTimeout))
 	}
+	// The group first: check-backs (which log it) may come as soon as the
+	// producer exists.
+	e.group = group
 	p, err := client.NewProducer(e.c, group, popts...)
 	if err != nil {
+		e.group = ""
 		return fmt.Errorf("rocketmq sink: %w", err)
 	}
-	e.group, e.p = group, p
+	e.p = p
 	e.lanes = laneCommitter{end: p, attempts: e.cfg.attempts, retry: e.cfg.retry, log: e.log, group: group}
 	if e.cfg.sendTimeoutSet {
 		e.lanes.timeout = e.cfg.sendTimeout
