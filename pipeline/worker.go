@@ -94,12 +94,12 @@ func RunWorker(ctx context.Context, c *client.Client, name string, build func(*J
 
 // stageInfo is one stage of a distributed job.
 type stageInfo struct {
-	head    string // UID of the head operator
-	keyed   bool
-	input   string // the topic whose queues are the stage's tasks
-	layout  scaleout.Layout
-	commit  string
-	change  string
+	head     string // UID of the head operator
+	keyed    bool
+	input    string // the topic whose queues are the stage's tasks
+	layout   scaleout.Layout
+	commit   string
+	change   string
 	origins  []string // keyed: the tasks of the stages feeding it
 	upstream []string // keyed: the heads of those stages
 }

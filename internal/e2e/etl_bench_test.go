@@ -39,7 +39,7 @@ func BenchmarkETL(b *testing.B) {
 				dir := filepath.Join(b.TempDir(), "job")
 				b.StartTimer()
 				start, cpu0 := time.Now(), cputime.Process()
-				err := etl.Run(context.Background(), e.c, etl.Config{In: etlIn, Out: out, DLQ: dlq, Group: group, StateDir: dir,
+				err := etl.Run(context.Background(), e.c, etl.Config{SingleProcess: true, In: etlIn, Out: out, DLQ: dlq, Group: group, StateDir: dir,
 					CheckpointInterval: time.Second, Bounded: true, AtLeastOnce: mode == "at-least-once"})
 				if err != nil {
 					b.Fatal(err)

@@ -125,7 +125,7 @@ func TestETLChild(t *testing.T) {
 	if os.Getenv(envETLControl) != "" {
 		opts = append(opts, mqsink.WithTxFaults(mqsink.TxFaults{CommitBeforeDurable: true}))
 	}
-	err = etl.Run(ctx, c, etl.Config{In: etlIn, Out: etlOut, DLQ: etlDLQ, Group: "etl_e2e", StateDir: filepath.Join(os.Getenv(envETLDir), "job"),
+	err = etl.Run(ctx, c, etl.Config{SingleProcess: true, In: etlIn, Out: etlOut, DLQ: etlDLQ, Group: "etl_e2e", StateDir: filepath.Join(os.Getenv(envETLDir), "job"),
 		CheckpointInterval: interval, Parallelism: par, SinkOptions: opts,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 func BenchmarkExactlyOnce(b *testing.B) {
 	cl := newCluster(b)
 	cl.createTopic("eo_bench", 4)
-	s, err := NewExactlyOnce(cl.c, TxGroup("bench", "out"), keyedMapper("eo_bench"))
+	s, err := NewExactlyOnce(cl.c, keyedMapper("eo_bench"), WithTxGroup(TxGroup("bench", "out")))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func BenchmarkExactlyOnce(b *testing.B) {
 func BenchmarkExactlyOnceCommit(b *testing.B) {
 	cl := newCluster(b)
 	cl.createTopic("eo_cbench", 4)
-	s, err := NewExactlyOnce(cl.c, TxGroup("bench", "commit"), keyedMapper("eo_cbench"))
+	s, err := NewExactlyOnce(cl.c, keyedMapper("eo_cbench"), WithTxGroup(TxGroup("bench", "commit")))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -264,7 +264,8 @@ func TestExactlyOnceEndRetryLaneRefused(t *testing.T) {
 	// The backoff (100 ms, then 200 ms) leaves the other lanes time to
 	// finish while the refused ones wait.
 	logs := &retryLog{}
-	s, err := NewExactlyOnce(rc.c, TxGroup("job", "refused"), keyedMapper("eo_refused"),
+	s, err := NewExactlyOnce(rc.c, keyedMapper("eo_refused"),
+		WithTxGroup(TxGroup("job", "refused")),
 		WithTxRetry(5, backoff.Policy{Initial: 100 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}),
 		WithTxLogger(slog.New(logs)))
 	if err != nil {
@@ -408,7 +409,8 @@ func TestExactlyOnceEndRetryBrokerRestart(t *testing.T) {
 	cl.createTopic("eo_restart", 4)
 	// About 7 s of retries (the broker needs well under 1 s to come back);
 	// a send timeout exercises the pipeline's per-lane request deadlines.
-	s, err := NewExactlyOnce(rc.c, TxGroup("job", "restart"), keyedMapper("eo_restart"),
+	s, err := NewExactlyOnce(rc.c, keyedMapper("eo_restart"),
+		WithTxGroup(TxGroup("job", "restart")),
 		WithTxRetry(40, backoff.Policy{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}),
 		WithTxSendTimeout(5*time.Second))
 	if err != nil {
@@ -467,7 +469,7 @@ func TestExactlyOnceEndRetryBrokerRestart(t *testing.T) {
 		Properties: map[string]string{PropRun: s.Run(), PropEpoch: "1"}}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := s.p.SendHalf(pctx, probe); err != nil {
+	if _, err := s.e.p.SendHalf(pctx, probe); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the probe half message to be rolled back", 20*time.Second, func() bool {
@@ -515,7 +517,7 @@ func brokerGone(t *testing.T, sendTimeout time.Duration, opts ...TxOption) {
 	group := TxGroup("job", "gone")
 	const attempts = 4
 	retry := backoff.Policy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
-	s, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_gone"), append([]TxOption{WithTxRetry(attempts, retry)}, opts...)...)
+	s, err := NewExactlyOnce(rc.c, keyedMapper("eo_gone"), append([]TxOption{WithTxGroup(group), WithTxRetry(attempts, retry)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +585,8 @@ func TestExactlyOnceEndRetryBrokerDownAtCommit(t *testing.T) {
 	cl.createTopic("eo_down", 4)
 	group := TxGroup("job", "down")
 	const attempts = 4
-	s, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_down"),
+	s, err := NewExactlyOnce(rc.c, keyedMapper("eo_down"),
+		WithTxGroup(group),
 		WithTxRetry(attempts, backoff.Policy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
@@ -626,7 +629,8 @@ func TestExactlyOnceEndRetryRefusedForGood(t *testing.T) {
 	cl.createTopic("eo_forgood", 4)
 	group := TxGroup("job", "forgood")
 	const attempts = 3
-	s, err := NewExactlyOnce(rc.c, group, keyedMapper("eo_forgood"),
+	s, err := NewExactlyOnce(rc.c, keyedMapper("eo_forgood"),
+		WithTxGroup(group),
 		WithTxRetry(attempts, backoff.Policy{Initial: 10 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
@@ -764,7 +768,7 @@ func commitUntilCutOff(t *testing.T, s *ExactlyOnce[keyed], tap *endTap, rc *res
 func recoverCommit(t *testing.T, rc *restartCluster, group, topic string, txn []byte) *ExactlyOnce[keyed] {
 	t.Helper()
 	ctx := context.Background()
-	s, err := NewExactlyOnce(rc.c, group, keyedMapper(topic))
+	s, err := NewExactlyOnce(rc.c, keyedMapper(topic), WithTxGroup(group))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func keyedMapper(topic string) func(keyed) (*client.Message, error) {
 
 func newEO(t *testing.T, cl *cluster, group, topic string, opts ...TxOption) *ExactlyOnce[keyed] {
 	t.Helper()
-	s, err := NewExactlyOnce(cl.c, group, keyedMapper(topic), append([]TxOption{WithTxRetry(3, backoff.Policy{Initial: time.Millisecond})}, opts...)...)
+	s, err := NewExactlyOnce(cl.c, keyedMapper(topic), append([]TxOption{WithTxGroup(group), WithTxRetry(3, backoff.Policy{Initial: time.Millisecond})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,8 +140,8 @@ func TestExactlyOnceVisibleOnlyAfterCommit(t *testing.T) {
 	if st := cl.b.TransactionStats(); st.Committed != keys*per {
 		t.Fatalf("committed %d, want %d", st.Committed, keys*per)
 	}
-	if s2.epoch != 2 {
-		t.Fatalf("next epoch after recovering checkpoint 1: %d", s2.epoch)
+	if s2.e.epoch != 2 {
+		t.Fatalf("next epoch after recovering checkpoint 1: %d", s2.e.epoch)
 	}
 	if err := s2.Close(); err != nil {
 		t.Fatal(err)
@@ -176,7 +176,7 @@ func TestExactlyOnceCheckBack(t *testing.T) {
 
 	s := newEO(t, cl, group, "eo_cb")
 	// Before Recover every answer is unknown.
-	if got := s.decide("other", 1, "x"); got != client.TxUnknown {
+	if got := s.e.decider.decide(ctx, halfQuery{run: "other", epoch: 1, msgID: "x"}); got != client.TxUnknown {
 		t.Fatalf("answer before Recover: %v", got)
 	}
 	if err := s.Recover(ctx, nil); err != nil {
@@ -315,14 +315,14 @@ func TestExactlyOnceOptionsValidated(t *testing.T) {
 		{"window", []TxOption{WithDiscardWindow(-1)}},
 		{"epoch", []TxOption{WithMaxEpochRecords(0)}},
 	} {
-		if _, err := NewExactlyOnce(cl.c, "g", m, tc.opts...); !errors.Is(err, ErrInvalidOption) {
+		if _, err := NewExactlyOnce(cl.c, m, append([]TxOption{WithTxGroup("g")}, tc.opts...)...); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
-	if _, err := NewExactlyOnce[keyed](cl.c, "g", nil); !errors.Is(err, ErrInvalidOption) {
+	if _, err := NewExactlyOnce[keyed](cl.c, nil, WithTxGroup("g")); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("nil mapper: %v", err)
 	}
-	if _, err := NewExactlyOnce(cl.c, "", m); !errors.Is(err, ErrInvalidOption) {
+	if _, err := NewExactlyOnce(cl.c, m, WithTxGroup("")); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("empty group: %v", err)
 	}
 	if g := TxGroup("my job", "out/1"); g != "runnel_tx_my_job_out_1" {

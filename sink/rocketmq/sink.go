@@ -1,22 +1,3 @@
-// Package rocketmq holds runnel's plain RocketMQ sinks: Sink, an
-// at-least-once sink that maps each record to a message and sends it
-// asynchronously, and NewDeadLetter, a Sink of pipeline dead letters to a
-// dead-letter topic.
-//
-// # Delivery
-//
-// Write maps the record and sends it with Producer.SendAsync, with at most
-// WithMaxInFlight sends unanswered (Write blocks, honouring ctx, when that
-// many are). Flush, which the runtime calls at every checkpoint barrier,
-// waits for every answer; sends that failed are sent again synchronously
-// (with the producer's retries), and Flush returns the first error that
-// remains, which fails the job: a record is never dropped. After a restart
-// the job replays the records since its last checkpoint, so the topic may
-// hold duplicates (at-least-once), and a retried message may be stored after
-// later ones. Exactly-once output to RocketMQ needs the transactional sink.
-//
-// The sink does not own its Producer (nor its Client): close them after the
-// job ends.
 package rocketmq
 
 import (

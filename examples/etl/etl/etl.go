@@ -360,10 +360,9 @@ type Config struct {
 	// In, Out and DLQ are the topics (defaults DefaultIn, DefaultOut,
 	// DefaultDLQ).
 	In, Out, DLQ string
-	// Group names the job (pipeline.New), and so its source's consumer
-	// group (the job binds the source to it), its producer groups
-	// (sink/rocketmq.TxGroup(Group, …)) and its checkpoint fingerprint
-	// (default DefaultGroup).
+	// Group names the job (pipeline.New's name): its consumer group, its
+	// sinks' producer groups (sink/rocketmq.TxGroup(Group, sink UID), bound
+	// from the job) and its checkpoint fingerprint (default DefaultGroup).
 	Group string
 	// StateDir is the checkpoint directory (required: it is what makes a
 	// restart resume).
@@ -446,46 +445,21 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 	if !cfg.SingleProcess {
 		return runWorker(ctx, c, cfg)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	in, dlqTopic := cfg.In, cfg.DLQ
-	outMap := func(e Enriched) (*client.Message, error) { return OutputMessage(cfg.Out, &e), nil }
-	dlqMap := func(d sink.DeadLetter) (*client.Message, error) { return DeadLetterMessage(dlqTopic, in, d), nil }
-	var out sink.Sink[Enriched]
-	var dlq sink.Sink[sink.DeadLetter]
+	log := cfg.logger()
+	var alo *client.Producer
 	if cfg.AtLeastOnce {
-		p, err := client.NewProducer(c, cfg.Group+"_alo", client.WithSelector(client.HashBySharding()))
-		if err != nil {
+		if alo, err = client.NewProducer(c, cfg.Group+"_alo", client.WithSelector(client.HashBySharding())); err != nil {
 			return err
 		}
-		defer func() { err = errors.Join(err, p.Close()) }()
-		if out, err = mqsink.New(p, outMap); err != nil {
-			return err
-		}
-		if dlq, err = mqsink.New(p, dlqMap); err != nil {
-			return err
-		}
-	} else {
-		opts := append([]mqsink.TxOption{mqsink.WithTxLogger(log)}, cfg.SinkOptions...)
-		o, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDOut), outMap, opts...)
-		if err != nil {
-			return err
-		}
-		d, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDDLQ), dlqMap, opts...)
-		if err != nil {
-			return errors.Join(err, o.Close())
-		}
-		out, dlq = o, d
+		defer func() { err = errors.Join(err, alo.Close()) }()
 	}
-	// The source's consumer group is the job's name (cfg.Group): the job
-	// binds it.
-	srcOpts := []srcmq.Option{srcmq.WithLogger(log)}
-	if cfg.Bounded {
-		srcOpts = append(srcOpts, srcmq.WithStop(srcmq.StopAtLatest()))
+	// Each exactly-once sink's producer group comes from the job, which
+	// binds it: its name and the sink's UID (TxGroup(Group, UID)).
+	out, dlq, err := cfg.sinks(c, alo)
+	if err != nil {
+		return err
 	}
-	src, err := srcmq.New(c, cfg.In, srcOpts...)
+	src, err := cfg.source(c)
 	if err != nil {
 		return errors.Join(err, out.Close(), dlq.Close())
 	}

@@ -70,12 +70,14 @@ func (cfg *Config) sinks(c *client.Client, alo *client.Producer) (sink.Sink[Enri
 		}
 		return out, dlq, nil
 	}
+	// The job binds each exactly-once sink to its producer group:
+	// TxGroup(Group, sink UID).
 	opts := append([]mqsink.TxOption{mqsink.WithTxLogger(cfg.logger())}, cfg.SinkOptions...)
-	o, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDOut), outMap, opts...)
+	o, err := mqsink.NewExactlyOnce(c, outMap, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := mqsink.NewExactlyOnce(c, mqsink.TxGroup(cfg.Group, UIDDLQ), dlqMap, opts...)
+	d, err := mqsink.NewExactlyOnce(c, dlqMap, opts...)
 	if err != nil {
 		return nil, nil, errors.Join(err, o.Close())
 	}

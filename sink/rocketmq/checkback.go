@@ -1,0 +1,155 @@
+package rocketmq
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// Check-back answers. The broker asks a producer of the sink's group about
+// a half message left pending past its transaction timeout; the engine
+// answers with what its txDecider decides. Today that is the local view:
+// what this process learnt from Recover, PreCommit and its commits (see
+// "Check-back answers" and "What the check-back answer assumes" in the
+// package documentation). A decider backed by a commit record that every
+// worker of a job can read replaces it without touching the rest of the
+// engine: it sees the same halfQuery and gives the same three answers.
+
+// halfQuery is what a check-back is decided from: the half message's run
+// (PropRun), epoch (PropEpoch) and id (its UNIQ_KEY), and the message
+// itself, valid only during the decision, for deciders that need more of
+// its properties.
+type halfQuery struct {
+	run   string
+	epoch uint64
+	msgID string
+	msg   *protocol.MessageExt
+}
+
+// queryOf returns the check-back query of the half message m.
+func queryOf(m *protocol.MessageExt) halfQuery {
+	run, _ := m.Property(PropRun)
+	ep, _ := m.Property(PropEpoch)
+	epoch, _ := strconv.ParseUint(ep, 10, 64)
+	return halfQuery{run: run, epoch: epoch, msgID: m.UniqKey(), msg: m}
+}
+
+// txDecider decides the answer to a check-back: client.TxCommit,
+// client.TxRollback, or client.TxUnknown (the broker asks again later).
+// It is called on connection handler goroutines, concurrently with the
+// engine; ctx ends when the check-back's connection closes.
+type txDecider interface {
+	decide(ctx context.Context, q halfQuery) client.TxState
+}
+
+// checkBack is the producer's check listener: it answers the broker's
+// check-back of a half message of the sink's group (connection handler
+// goroutine).
+func (e *txEngine) checkBack(ctx context.Context, m *protocol.MessageExt) client.TxState {
+	q := queryOf(m)
+	e.hook(PhaseCheckBack, q.epoch)
+	st := e.decider.decide(ctx, q)
+	e.log.Debug("rocketmq sink: check-back", "group", e.group, "msgId", q.msgID, "run", q.run, "epoch", q.epoch, "answer", st)
+	return st
+}
+
+// knownState is what the local view knows of a half message.
+type knownState uint8
+
+const (
+	knownSealed    knownState = iota + 1 // pre-committed, checkpoint in flight
+	knownDurable                         // listed by a durable checkpoint, commit pending or running
+	knownCommitErr                       // durable, but this process failed to commit it
+)
+
+// localView is this process's knowledge of the sink's half messages, fed
+// by the engine (task and committer goroutines) and read by check-backs:
+// the txDecider of a job run by one process at a time.
+type localView struct {
+	run string // this process's run id
+
+	mu struct {
+		sync.Mutex
+		restored   bool   // Recover was called
+		sealedUpTo uint64 // highest epoch of this run pre-committed
+		known      map[string]knownState
+	}
+}
+
+func newLocalView(run string) *localView {
+	v := &localView{run: run}
+	v.mu.known = make(map[string]knownState)
+	return v
+}
+
+// decide implements txDecider (the rules are listed under "Check-back
+// answers" in the package documentation).
+func (v *localView) decide(_ context.Context, q halfQuery) client.TxState {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.mu.restored {
+		return client.TxUnknown
+	}
+	if k, ok := v.mu.known[q.msgID]; ok {
+		if k == knownCommitErr {
+			return client.TxCommit
+		}
+		return client.TxUnknown
+	}
+	if q.run == v.run && q.epoch > v.mu.sealedUpTo {
+		return client.TxUnknown // the open epoch
+	}
+	return client.TxRollback
+}
+
+// restore records the transactions a restored checkpoint lists (durable,
+// about to be committed) and starts the answers (Recover).
+func (v *localView) restore(ds []*txnDesc) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, d := range ds {
+		v.markLocked(d, knownDurable)
+	}
+	v.mu.restored = true
+}
+
+// sealed records that this run pre-committed d (PreCommit).
+func (v *localView) sealed(d *txnDesc) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.markLocked(d, knownSealed)
+	v.mu.sealedUpTo = d.epoch
+}
+
+// durable records that d is listed by a durable checkpoint and its commit
+// starts (StartCommit).
+func (v *localView) durable(d *txnDesc) { v.mark(d, knownDurable) }
+
+// commitFailed records that this process failed to commit d, durable: a
+// check-back commits its half messages.
+func (v *localView) commitFailed(d *txnDesc) { v.mark(d, knownCommitErr) }
+
+// forget drops d's half messages, committed or aborted: they are no longer
+// checked back.
+func (v *localView) forget(d *txnDesc) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range d.handles {
+		delete(v.mu.known, d.handles[i].h.MsgID)
+	}
+}
+
+func (v *localView) mark(d *txnDesc, k knownState) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.markLocked(d, k)
+}
+
+func (v *localView) markLocked(d *txnDesc, k knownState) {
+	for i := range d.handles {
+		v.mu.known[d.handles[i].h.MsgID] = k
+	}
+}

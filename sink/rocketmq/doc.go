@@ -1,0 +1,140 @@
+// Package rocketmq holds runnel's RocketMQ sinks: ExactlyOnce, the
+// exactly-once sink, whose records become visible when the checkpoint
+// covering them is durable (transactional half messages ended after the
+// checkpoint); Sink, an at-least-once sink that maps each record to a
+// message and sends it asynchronously; and NewDeadLetter, a Sink of
+// pipeline dead letters to a dead-letter topic.
+//
+// # At-least-once delivery (Sink)
+//
+// Write maps the record and sends it with Producer.SendAsync, with at most
+// WithMaxInFlight sends unanswered (Write blocks, honouring ctx, when that
+// many are). Flush, which the runtime calls at every checkpoint barrier,
+// waits for every answer; sends that failed are sent again synchronously
+// (with the producer's retries), and Flush returns the first error that
+// remains, which fails the job: a record is never dropped. After a restart
+// the job replays the records since its last checkpoint, so the topic may
+// hold duplicates (at-least-once), and a retried message may be stored
+// after later ones. Exactly-once output to RocketMQ needs ExactlyOnce.
+//
+// A Sink does not own its Producer (nor its Client): close them after the
+// job ends. It takes no identity from the job (the producer's group is the
+// caller's), so it does not implement jobinfo.Binder.
+//
+// # Exactly-once output (ExactlyOnce)
+//
+// During epoch n (the records between checkpoint barriers n-1 and n) every
+// record is mapped to a message and sent as a transactional half message
+// (Producer.SendHalf): the broker stores it invisibly. At barrier n,
+// PreCommit waits until every half message of the epoch is acknowledged (a
+// send that fails after its retries fails the checkpoint, and the job) and
+// returns the epoch's transaction description (its half-message handles in
+// a compact binary form), which the runtime writes into checkpoint n's
+// Pebble batch. Once that batch is durable the runtime starts the commit
+// (StartCommit: the sink is a sink.AsyncCommitter), which ends every half
+// message with END_TRANSACTION commit on a goroutine of the sink while the
+// job goes on writing epoch n+1; the broker makes each visible exactly
+// once, and repeats of a commit are no-ops, so a commit is idempotent and a
+// skipped or repeated notification is harmless. The runtime waits for the
+// commit (WaitCommits) at barrier n+1 and at the end of the job, and only
+// then stops listing the transaction in its checkpoints, so a crash while
+// it is being committed commits it again on restore.
+//
+// # Identity
+//
+// The sink's producer group must be the sink's alone and the same on every
+// run of the job, so that the broker's check-backs for half messages of a
+// crashed run reach the process that restores it. A pipeline gives the
+// sink its identity by calling Bind (jobinfo.Binder) before restoring the
+// job: the group is then TxGroup(job name, operator UID), for a dead-letter
+// sink the UID its policy was given. WithTxGroup names the group
+// explicitly instead (Bind then keeps it); a sink used outside a pipeline
+// needs it, and fails with ErrNoTxGroup at its first use without it.
+//
+// # Order
+//
+// Each message goes to a commit lane by its ShardingKey (else its first
+// key): within a lane, half messages are committed one after the other in
+// write order, lanes in parallel (WithCommitLanes). Records of one key
+// therefore become visible in the order they were written, provided they go
+// to one queue (give them a ShardingKey: the sink's producer uses
+// client.HashBySharding). Transactions are committed in checkpoint order;
+// after a commit that failed, later ones are refused until the job restarts.
+//
+// At most one END_TRANSACTION per lane is in flight; the lanes' requests are
+// pipelined on the broker connection. A lane whose END_TRANSACTION fails is
+// handed over, from that half message on and still in order, to a goroutine
+// of its own that retries with backoff, while the other lanes go on; once
+// one failed, the other lanes' next requests are handed over too, so that a
+// broker gone away costs one retry budget, not one per lane.
+//
+// # Recovery and orphans
+//
+// On restore the runtime calls Recover with every transaction the latest
+// completed checkpoint lists and then Commit for each. Half messages that no
+// completed checkpoint lists (sent during an epoch whose checkpoint never
+// completed, or orphans of a send whose outcome was unknown and that was
+// sent again) are NOT searched for: they are rolled back when the broker
+// checks them back (after its transaction timeout), which reaches this
+// process because the producer group belongs to the sink's owner. There is
+// no local journal; until the check-back, such a half message is invisible
+// to consumers, so it never duplicates output.
+//
+// # Check-back answers
+//
+// Every half message carries the sink's run id (PropRun, new for every
+// process) and epoch (PropEpoch). The answer is derived from the checkpoint
+// store's view that the runtime hands the sink (Recover's list, and Commit,
+// which the runtime calls only after the checkpoint is durable):
+//   - a half message this process is about to commit or is committing
+//     (listed by a durable checkpoint, or pre-committed for a checkpoint in
+//     flight): unknown, asked again later, so that commits stay in lane
+//     order;
+//   - listed by a durable checkpoint whose commit failed in this process:
+//     commit;
+//   - of an earlier run and not listed by the latest durable checkpoint:
+//     rollback (its records are replayed from the checkpointed offsets);
+//   - of this run, from an epoch already pre-committed, but not part of it
+//     (an orphan of an uncertain send): rollback;
+//   - of this run's open epoch, or asked before Recover: unknown.
+//
+// # What the check-back answer assumes
+//
+// The answers above come from this process's memory, which is right only
+// while one process at a time runs the sink's job:
+//   - the broker sends a check-back to any producer of the group; it reaches
+//     this process because no other live process registers the group;
+//   - the latest checkpoint this process restored or completed is the
+//     job's latest: no other process can have a later checkpoint that lists
+//     a half message this one has never heard of (which it would roll
+//     back);
+//   - a half message of another run comes from an earlier process of this
+//     job, dead or superseded by this one's restore, whose records this
+//     process replays from its checkpointed offsets.
+//
+// Several processes running one job under one group (workers sharing the
+// work) break all three: a worker would roll back a half message another
+// worker's durable checkpoint lists. Answering them needs a commit record
+// every worker can read; the decision is one component of the sink (given
+// a half message's run, epoch and id: commit, rollback or unknown), today
+// backed by the local view.
+//
+// # Failing loudly
+//
+// Every half send and every END_TRANSACTION is retried with backoff
+// (WithTxRetry); when the retries are exhausted the error is kept and
+// returned by every later Write, PreCommit and Commit, which fails the job.
+// An open epoch whose first record is older than three quarters of the
+// broker's discard window (WithDiscardWindow: transaction timeout + check
+// max × check interval) is rolled back and sent again before it is
+// pre-committed, so the broker never discards half messages a checkpoint
+// will list (if that rollback fails, the job fails with ErrEpochTooOld). If
+// a commit nevertheless finds half messages discarded (the process was
+// paused past the window between pre-commit and commit), the sink sends
+// those records again from memory as new half messages and commits each at
+// once, in its lane before the lane's next record, so records of one key
+// stay in order. After a restart it has no copy: Commit then fails with
+// ErrDiscarded, naming them (they are in TRANS_CHECK_MAX_TIME_TOPIC), and
+// the job cannot proceed without an operator — the one case that needs a
+// pause past the window and a crash in the same commit.
+package rocketmq

@@ -1,0 +1,157 @@
+package rocketmq
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/runnel-dev/runnel/internal/backoff"
+	"github.com/runnel-dev/runnel/transport/client"
+)
+
+// TxOption configures an ExactlyOnce sink.
+type TxOption interface{ applyTx(*txConfig) }
+
+type txOptionFunc func(*txConfig)
+
+func (f txOptionFunc) applyTx(c *txConfig) { f(c) }
+
+type txConfig struct {
+	group          string
+	groupSet       bool // WithTxGroup: Bind keeps group
+	lanes          int
+	maxInFlight    int
+	attempts       int
+	retry          backoff.Policy
+	sendTimeout    time.Duration
+	sendTimeoutSet bool // else each request gets the client's request timeout
+	discardWindow  time.Duration
+	maxEpoch       int
+	log            *slog.Logger
+	hook           func(p Phase, epoch uint64)
+	producerOpts   []client.ProducerOption
+	faults         TxFaults
+}
+
+func defaultTxConfig() txConfig {
+	return txConfig{
+		lanes: DefaultCommitLanes, maxInFlight: DefaultTxMaxInFlight, attempts: DefaultTxAttempts,
+		sendTimeout: client.DefaultRequestTimeout, discardWindow: DefaultDiscardWindow, maxEpoch: DefaultMaxEpochRecords,
+	}
+}
+
+// TxFaults injects deliberate bugs for tests that prove the exactly-once
+// checks can fail. Never set them outside tests.
+type TxFaults struct {
+	// CommitBeforeDurable commits each epoch's half messages in PreCommit,
+	// before the checkpoint that lists them is durable: a crash between the
+	// two then replays records whose output is already visible.
+	CommitBeforeDurable bool
+}
+
+// WithTxFaults enables test-only faults (see TxFaults).
+func WithTxFaults(f TxFaults) TxOption { return txOptionFunc(func(c *txConfig) { c.faults = f }) }
+
+// WithTxGroup names the sink's producer group, instead of the one Bind
+// derives from the job. It must be the sink's alone and stable across
+// restarts (see TxGroup); a sink used outside a pipeline needs it.
+func WithTxGroup(group string) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.group, c.groupSet = group, true })
+}
+
+// WithCommitLanes sets the number of commit lanes ended in parallel
+// (default DefaultCommitLanes, at most 4096).
+func WithCommitLanes(n int) TxOption { return txOptionFunc(func(c *txConfig) { c.lanes = n }) }
+
+// WithTxMaxInFlight bounds the half sends awaiting the broker's answer
+// (default DefaultTxMaxInFlight); Write blocks beyond it.
+func WithTxMaxInFlight(n int) TxOption { return txOptionFunc(func(c *txConfig) { c.maxInFlight = n }) }
+
+// WithTxRetry sets how many times each half send and END_TRANSACTION is
+// tried (default DefaultTxAttempts) and the backoff between tries (zero
+// Policy: 10 ms doubling to 1 s).
+func WithTxRetry(attempts int, p backoff.Policy) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.attempts, c.retry = attempts, p })
+}
+
+// WithTxSendTimeout bounds each request to the broker (default: the
+// client's request timeout, client.DefaultRequestTimeout unless the client
+// was configured otherwise).
+func WithTxSendTimeout(d time.Duration) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.sendTimeout, c.sendTimeoutSet = d, true })
+}
+
+// WithDiscardWindow sets the broker's discard window: transaction timeout +
+// check max × check interval (default DefaultDiscardWindow, Apache
+// RocketMQ's defaults). An epoch open or uncommitted for three quarters of
+// it fails the job (ErrEpochTooOld).
+func WithDiscardWindow(d time.Duration) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.discardWindow = d })
+}
+
+// WithMaxEpochRecords bounds the records of one epoch (default
+// DefaultMaxEpochRecords).
+func WithMaxEpochRecords(n int) TxOption { return txOptionFunc(func(c *txConfig) { c.maxEpoch = n }) }
+
+// WithTxLogger sets the sink's logger (nil discards).
+func WithTxLogger(l *slog.Logger) TxOption { return txOptionFunc(func(c *txConfig) { c.log = l }) }
+
+// WithPhaseHook calls fn at every Phase. fn runs synchronously on the
+// goroutine the phase names (see Phase) and must be safe for concurrent
+// use; it may block (a test pausing there), which stalls that path.
+func WithPhaseHook(fn func(p Phase, epoch uint64)) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.hook = fn })
+}
+
+// WithProducerOptions passes options to the sink's producer (for example
+// client.WithRetries). Its selector is always client.HashBySharding and
+// its check listener the sink's.
+func WithProducerOptions(opts ...client.ProducerOption) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.producerOpts = append(c.producerOpts, opts...) })
+}
+
+// Phase is a point of the exactly-once protocol, reported to a phase hook
+// (WithPhaseHook) for tracing and for tests that crash the process there.
+type Phase int
+
+// Phases.
+const (
+	// PhaseHalfSent: a half message was acknowledged (the producer's
+	// connection reader goroutine, or the sink's goroutine retrying the
+	// send: a hook blocking there stalls that connection's answers).
+	PhaseHalfSent Phase = iota + 1
+	// PhasePreCommitted: PreCommit is about to return the epoch's
+	// transaction (the checkpoint batch is written next).
+	PhasePreCommitted
+	// PhaseCommitStart: Commit of a durable checkpoint's transaction
+	// begins, before any END_TRANSACTION.
+	PhaseCommitStart
+	// PhaseCommitEnded: every END_TRANSACTION of the transaction was
+	// answered, before the sink's bookkeeping.
+	PhaseCommitEnded
+	// PhaseRecoverCommit: Commit of a transaction listed at Recover (the
+	// restore path) begins.
+	PhaseRecoverCommit
+	// PhaseCheckBack: a broker check-back is being answered, before the
+	// answer is sent (connection handler goroutine).
+	PhaseCheckBack
+)
+
+// String returns the phase's name.
+func (p Phase) String() string {
+	switch p {
+	case PhaseHalfSent:
+		return "half-sent"
+	case PhasePreCommitted:
+		return "pre-committed"
+	case PhaseCommitStart:
+		return "commit-start"
+	case PhaseCommitEnded:
+		return "commit-ended"
+	case PhaseRecoverCommit:
+		return "recover-commit"
+	case PhaseCheckBack:
+		return "check-back"
+	}
+	return "phase(" + strconv.Itoa(int(p)) + ")"
+}
