@@ -2,8 +2,12 @@ package rocketmq
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"strconv"
 	"sync"
+
+	"github.com/runnel-dev/runnel/jobinfo"
 
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -152,4 +156,106 @@ func (v *localView) markLocked(d *txnDesc, k knownState) {
 	for i := range d.handles {
 		v.mu.known[d.handles[i].h.MsgID] = k
 	}
+}
+
+// chainDecider answers the check-backs of a scale-out task's sink from the
+// job's commit chains (jobinfo.Chains), which every worker reads, since the
+// broker may ask any worker's producer of the group about any task's half
+// message (see "Scale-out" in the package documentation):
+//   - a half message without a task (of a run of the job in one process):
+//     rollback, as localView answers for another run;
+//   - its task's chain says its (owner epoch, epoch) never counts: rollback;
+//   - not decided yet, or the chain cannot tell: unknown (asked later);
+//   - valid: commit, unless it is an orphan (a send attempt other than the
+//     one the broker acknowledged for its slot, per the checkpoint's
+//     TxnInfo): rollback; unknown when the chains do not remember the
+//     checkpoint's information (its new owner commits it on restore).
+type chainDecider struct {
+	chains jobinfo.Chains
+	sink   string // the sink's UID
+}
+
+func (d *chainDecider) decide(_ context.Context, q halfQuery) client.TxState {
+	task, _ := q.msg.Property(PropTask)
+	if task == "" {
+		return client.TxRollback
+	}
+	ownerS, _ := q.msg.Property(PropOwner)
+	owner, err := strconv.ParseUint(ownerS, 10, 64)
+	if err != nil {
+		return client.TxUnknown
+	}
+	v, err := d.chains.Decide(task, owner, q.epoch)
+	switch {
+	case err != nil:
+		return client.TxUnknown
+	case v == jobinfo.Invalid:
+		return client.TxRollback
+	case v != jobinfo.Valid:
+		return client.TxUnknown
+	}
+	info, ok := d.chains.SinkInfo(task, d.sink, q.epoch)
+	if !ok {
+		return client.TxUnknown
+	}
+	slotS, _ := q.msg.Property(propSlot)
+	tryS, _ := q.msg.Property(propTry)
+	slot, err1 := strconv.ParseUint(slotS, 10, 32)
+	try, err2 := strconv.ParseUint(tryS, 10, 32)
+	if err1 != nil || err2 != nil {
+		return client.TxUnknown
+	}
+	accepted, err := acceptedTry(info, uint32(slot))
+	if err != nil {
+		return client.TxUnknown
+	}
+	if uint32(try) == accepted {
+		return client.TxCommit
+	}
+	return client.TxRollback
+}
+
+// txnInfo is the check-back information of a transaction description
+// (jobinfo.TxnInfoer): "RI" 0x01, uvarint slots, uvarint count, then per
+// retried slot uvarint slot and uvarint accepted attempt.
+func txnInfo(txn []byte) ([]byte, error) {
+	d, err := decodeTxn(txn)
+	if err != nil {
+		return nil, err
+	}
+	b := []byte{'R', 'I', 1}
+	b = binary.AppendUvarint(b, uint64(len(d.handles)))
+	b = binary.AppendUvarint(b, uint64(len(d.retried)))
+	for _, r := range d.retried {
+		b = binary.AppendUvarint(b, uint64(r.slot))
+		b = binary.AppendUvarint(b, uint64(r.try))
+	}
+	return b, nil
+}
+
+// acceptedTry returns the attempt (1-based) the broker acknowledged for
+// slot, per info; an error for a slot the transaction does not have.
+func acceptedTry(info []byte, slot uint32) (uint32, error) {
+	if len(info) < 3 || info[0] != 'R' || info[1] != 'I' || info[2] != 1 {
+		return 0, fmt.Errorf("%w: bad check-back information", ErrBadTxn)
+	}
+	r := &txnReader{b: info[3:]}
+	n := r.uvarint("slots", 1<<32)
+	k := r.uvarint("retried", n)
+	if r.err != nil {
+		return 0, r.err
+	}
+	if uint64(slot) >= n {
+		return 0, fmt.Errorf("%w: slot %d of %d", ErrBadTxn, slot, n)
+	}
+	for range k {
+		s, t := r.uvarint("slot", n), r.uvarint("attempt", 1<<16)
+		if r.err != nil {
+			return 0, r.err
+		}
+		if uint32(s) == slot {
+			return uint32(t), nil
+		}
+	}
+	return 1, nil
 }

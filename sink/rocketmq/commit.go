@@ -45,7 +45,7 @@ func (e *txEngine) preCommit(ctx context.Context, id uint64) ([]byte, error) {
 	if err := e.err(); err != nil {
 		return nil, err
 	}
-	d := &txnDesc{checkpoint: id, run: e.run, epoch: ep.epoch, handles: ep.handles()}
+	d := &txnDesc{checkpoint: id, run: e.run, epoch: ep.epoch, handles: ep.handles(), retried: ep.retried()}
 	ep.desc = appendTxn(make([]byte, 0, 64+48*ep.n), d)
 	ep.txn, ep.cp = d, id
 	e.view.sealed(d)

@@ -114,10 +114,25 @@
 //
 // Several processes running one job under one group (workers sharing the
 // work) break all three: a worker would roll back a half message another
-// worker's durable checkpoint lists. Answering them needs a commit record
-// every worker can read; the decision is one component of the sink (given
-// a half message's run, epoch and id: commit, rollback or unknown), today
-// backed by the local view.
+// worker's durable checkpoint lists. See Scale-out.
+//
+// # Scale-out
+//
+// A sink bound to a task of a job on many workers (pipeline.RunWorker:
+// jobinfo.Info.Scaleout) tags every half message with its task and owner
+// epoch (PropTask, PropOwner), its index in the epoch and its send attempt,
+// and answers check-backs from the job's commit chains, which every worker
+// reads, instead of its own view: the broker asks any producer of the group,
+// so any worker may be asked about any task's half messages. The task's
+// published checkpoint covering the half message's epoch decides (rollback
+// when it is another owner's, or a newer owner fenced it; unknown while
+// none covers it); for a valid one, what the sink attached when it was
+// published (TxnInfo: which records were sent again after an uncertain
+// attempt, and which attempt the broker acknowledged) tells the accepted
+// copy (commit) from an orphan (rollback). The owner ends its transactions
+// itself after publishing, and a new owner, restoring the task's pending
+// transactions, commits them again, so a check-back answered unknown (the
+// chains no longer remember the checkpoint) delays nothing that matters.
 //
 // # Failing loudly
 //

@@ -71,6 +71,10 @@ type txEngine struct {
 	// answers check-backs (from view: see checkback.go).
 	view    *localView
 	decider txDecider
+	// scale is the scale-out task the sink belongs to (nil: a job in one
+	// process); ownerTag its owner epoch in decimal (PropOwner).
+	scale    *jobinfo.Scaleout
+	ownerTag string
 }
 
 func newTxEngine(c *client.Client, opts []TxOption) (*txEngine, error) {
@@ -115,8 +119,16 @@ func newTxEngine(c *client.Client, opts []TxOption) (*txEngine, error) {
 	return e, nil
 }
 
-// bind takes the sink's identity from the job (jobinfo.Binder).
+// bind takes the sink's identity from the job (jobinfo.Binder). A sink of
+// a scale-out task answers check-backs from the job's commit chains.
 func (e *txEngine) bind(info jobinfo.Info) error {
+	if sc := info.Scaleout; sc != nil && e.scale == nil {
+		if sc.Task == "" || sc.Chains == nil {
+			return fmt.Errorf("%w: Bind: scale-out task without a task id or commit chains", ErrInvalidOption)
+		}
+		e.scale, e.ownerTag = sc, strconv.FormatUint(sc.OwnerEpoch, 10)
+		e.decider = &chainDecider{chains: sc.Chains, sink: info.UID}
+	}
 	if e.cfg.groupSet {
 		return nil // WithTxGroup's group wins
 	}

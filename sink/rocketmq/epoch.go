@@ -18,6 +18,10 @@ type slot struct {
 	ep   *epochTxn
 	lane uint32
 	h    client.TxHandle
+	// try is the attempt whose half message the broker acknowledged (0:
+	// the first); scale-out tags each attempt (propTry) so that any worker
+	// tells an orphan of an uncertain attempt from the accepted copy.
+	try uint32
 }
 
 // HalfSent implements client.HalfCallback: the slot itself receives the
@@ -59,6 +63,18 @@ func (ep *epochTxn) add(m *client.Message, lane uint32) int {
 	s := ep.slot(i)
 	s.m, s.ep, s.lane = m, ep, lane
 	return i
+}
+
+// retried returns the slots whose accepted half message is not their first
+// attempt's, with that attempt (1-based).
+func (ep *epochTxn) retried() []retriedSlot {
+	var rs []retriedSlot
+	for i := range ep.n {
+		if sl := ep.slot(i); sl.try > 0 {
+			rs = append(rs, retriedSlot{slot: uint32(i), try: sl.try + 1})
+		}
+	}
+	return rs
 }
 
 // handles returns the handles of the epoch's half messages, in write order.
@@ -146,7 +162,14 @@ func (e *txEngine) write(ctx context.Context, m *client.Message) error {
 	if ep.first.IsZero() {
 		ep.first = time.Now()
 	}
-	e.enqueue(ep.slot(ep.add(m, e.laneOf(m))))
+	i := ep.add(m, e.laneOf(m))
+	if sc := e.scale; sc != nil {
+		m.Properties[PropTask] = sc.Task
+		m.Properties[PropOwner] = e.ownerTag
+		m.Properties[propSlot] = strconv.Itoa(i)
+		m.Properties[propTry] = "1"
+	}
+	e.enqueue(ep.slot(i))
 	return nil
 }
 

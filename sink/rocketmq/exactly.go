@@ -21,6 +21,14 @@ const (
 	PropEpoch = "runnel.epoch"
 	// PropRun identifies the process (run) that sent the record.
 	PropRun = "runnel.run"
+	// PropTask and PropOwner name the scale-out task whose sink sent the
+	// record and that task's owner epoch (pipeline.RunWorker only).
+	PropTask  = "runnel.task"
+	PropOwner = "runnel.owner"
+	// propSlot and propTry are a scale-out record's index in its epoch and
+	// the send attempt (1-based) of this half message.
+	propSlot = "runnel.slot"
+	propTry  = "runnel.try"
 	// PropSrcTopic, PropSrcBroker, PropSrcQueue and PropSrcOffset name the
 	// input message a record derives from (see Lineage).
 	PropSrcTopic  = "runnel.src.topic"
@@ -133,6 +141,7 @@ var (
 	_ sink.TwoPhaseCommit[int] = (*ExactlyOnce[int])(nil)
 	_ sink.AsyncCommitter      = (*ExactlyOnce[int])(nil)
 	_ jobinfo.Binder           = (*ExactlyOnce[int])(nil)
+	_ jobinfo.TxnInfoer        = (*ExactlyOnce[int])(nil)
 )
 
 // NewExactlyOnce returns an exactly-once sink sending mapper(v) for each
@@ -163,6 +172,12 @@ func NewExactlyOnce[T any](c *client.Client, mapper func(T) (*client.Message, er
 // working. Bind does no I/O. A repeated Bind deriving the same group is a
 // no-op; one deriving another fails.
 func (s *ExactlyOnce[T]) Bind(info jobinfo.Info) error { return s.e.bind(info) }
+
+// TxnInfo implements jobinfo.TxnInfoer: the half messages of txn's epoch
+// that were sent again after an uncertain attempt, and the attempt the
+// broker acknowledged, so that any worker of a scale-out job rolls back the
+// orphans of the other attempts and commits the rest.
+func (s *ExactlyOnce[T]) TxnInfo(txn []byte) ([]byte, error) { return txnInfo(txn) }
 
 // Group returns the sink's producer group ("" while it has none).
 func (s *ExactlyOnce[T]) Group() string { return s.e.group }

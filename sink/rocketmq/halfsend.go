@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/runnel-dev/runnel/internal/backoff"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -70,6 +71,9 @@ func (e *txEngine) resend(ep *epochTxn, sl *slot, err error) {
 		err = backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts-1, retryableSend, func(i int) error {
 			actx, cancel := attemptCtx(ctx, e.lanes.timeout)
 			defer cancel()
+			if e.scale != nil {
+				sl.m.Properties[propTry] = strconv.Itoa(i + 2)
+			}
 			h, err := e.p.SendHalf(actx, sl.m)
 			if err != nil {
 				if i+2 < e.cfg.attempts && retryableSend(err) {
@@ -77,7 +81,7 @@ func (e *txEngine) resend(ep *epochTxn, sl *slot, err error) {
 				}
 				return err
 			}
-			sl.h = h
+			sl.h, sl.try = h, uint32(i+1)
 			return nil
 		})
 	}

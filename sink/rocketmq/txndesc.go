@@ -24,13 +24,25 @@ var ErrBadTxn = errors.New("rocketmq sink: bad transaction description")
 //	    uvarint commitLogOffset, string msgID, string transactionID ("" =
 //	    msgID)
 //
+// Version 2 (written when some half send of the epoch was retried) adds,
+// after the handles: uvarint count, then per retried slot: uvarint slot
+// (the handle's index), uvarint attempt (1-based) whose half message the
+// broker acknowledged — what scale-out's check-back answers need to tell an
+// orphan of an uncertain attempt from the accepted copy (TxnInfo).
+//
 // Strings are a uvarint length and the bytes. A handle takes about 45 bytes,
 // so an epoch of 100k records describes itself in about 4.5 MB (the
 // checkpoint store accepts up to checkpoint.MaxValueLen, 32 MiB).
 const (
 	txnVersion   = 1
+	txnVersion2  = 2
 	maxTxnString = 1024
 )
+
+// retriedSlot is a slot whose accepted half message came from a retry.
+type retriedSlot struct {
+	slot, try uint32
+}
 
 // txnHandle is one half message of a transaction and the commit lane it
 // belongs to.
@@ -45,6 +57,7 @@ type txnDesc struct {
 	run        string
 	epoch      uint64
 	handles    []txnHandle
+	retried    []retriedSlot
 }
 
 type dictKey struct{ group, topic, brokerName, brokerAddr string }
@@ -56,7 +69,11 @@ func appendString(b []byte, s string) []byte {
 
 // appendTxn appends the encoding of d to b.
 func appendTxn(b []byte, d *txnDesc) []byte {
-	b = append(b, 'R', 'X', txnVersion)
+	v := byte(txnVersion)
+	if len(d.retried) > 0 {
+		v = txnVersion2
+	}
+	b = append(b, 'R', 'X', v)
 	b = binary.AppendUvarint(b, d.checkpoint)
 	b = appendString(b, d.run)
 	b = binary.AppendUvarint(b, d.epoch)
@@ -90,6 +107,13 @@ func appendTxn(b []byte, d *txnDesc) []byte {
 			b = appendString(b, "")
 		} else {
 			b = appendString(b, h.TransactionID)
+		}
+	}
+	if len(d.retried) > 0 {
+		b = binary.AppendUvarint(b, uint64(len(d.retried)))
+		for _, r := range d.retried {
+			b = binary.AppendUvarint(b, uint64(r.slot))
+			b = binary.AppendUvarint(b, uint64(r.try))
 		}
 	}
 	return b
@@ -138,8 +162,8 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 	if len(b) < 3 || b[0] != 'R' || b[1] != 'X' {
 		return nil, fmt.Errorf("%w: no header", ErrBadTxn)
 	}
-	if b[2] != txnVersion {
-		return nil, fmt.Errorf("%w: version %d (want %d)", ErrBadTxn, b[2], txnVersion)
+	if b[2] != txnVersion && b[2] != txnVersion2 {
+		return nil, fmt.Errorf("%w: version %d (want %d or %d)", ErrBadTxn, b[2], txnVersion, txnVersion2)
 	}
 	r := &txnReader{b: b[3:]}
 	d := &txnDesc{}
@@ -179,6 +203,17 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 			ProducerGroup: k.group, Topic: k.topic, BrokerName: k.brokerName, BrokerAddr: k.brokerAddr,
 			TranStateTableOffset: int64(tso), CommitLogOffset: int64(clo), MsgID: id, TransactionID: tx,
 		}})
+	}
+	if b[2] == txnVersion2 {
+		n := r.uvarint("retried slots", uint64(len(d.handles)))
+		for range n {
+			sl := r.uvarint("retried slot", uint64(len(d.handles)))
+			try := r.uvarint("retried attempt", 1<<16)
+			if r.err == nil && (sl >= uint64(len(d.handles)) || try < 2) {
+				return nil, fmt.Errorf("%w: retried slot %d attempt %d", ErrBadTxn, sl, try)
+			}
+			d.retried = append(d.retried, retriedSlot{slot: uint32(sl), try: uint32(try)})
+		}
 	}
 	if r.err != nil {
 		return nil, r.err
