@@ -172,6 +172,10 @@ func TestValidationBeforeSending(t *testing.T) {
 		"properties too long":   {{Topic: "T", Body: body, Properties: map[string]string{"k": long}}},
 		"negative delay":        {{Topic: "T", Body: body, DelayLevel: -1}},
 		"delay and timer":       {{Topic: "T", Body: body, DelayLevel: 1, DeliverTime: time.Now()}},
+		"delay and after":       {{Topic: "T", Body: body, DelayLevel: 1, DeliverAfter: time.Second}},
+		"timer and after":       {{Topic: "T", Body: body, DeliverTime: time.Now(), DeliverAfter: time.Second}},
+		"negative after":        {{Topic: "T", Body: body, DeliverAfter: -time.Second}},
+		"batch with after":      {{Topic: "T", Body: body}, {Topic: "T", Body: body, DeliverAfter: time.Second}},
 		"queue of other topic":  {{Topic: "T", Body: body, Queue: &protocol.MessageQueue{Topic: "U", BrokerName: "b"}}},
 		"batch of two topics":   {{Topic: "T", Body: body}, {Topic: "U", Body: body}},
 		"batch with delay":      {{Topic: "T", Body: body}, {Topic: "T", Body: body, DelayLevel: 2}},
@@ -198,6 +202,9 @@ func TestValidationBeforeSending(t *testing.T) {
 	}
 	if _, err := p.SendHalf(ctx, &Message{Topic: "T", Body: body, DelayLevel: 1}); !errors.Is(err, ErrInvalidMessage) {
 		t.Errorf("delayed half message: %v, want ErrInvalidMessage", err)
+	}
+	if _, err := p.SendHalf(ctx, &Message{Topic: "T", Body: body, DeliverAfter: time.Second}); !errors.Is(err, ErrInvalidMessage) {
+		t.Errorf("timed half message: %v, want ErrInvalidMessage", err)
 	}
 	// A valid message gets past validation and fails on the name server.
 	_, err = p.Send(ctx, &Message{Topic: "T", Body: body})
