@@ -395,3 +395,118 @@ func TestJavaBrokerDelayAndTimer(t *testing.T) {
 		}
 	})
 }
+
+// TestJavaBrokerJavaClientAgrees checks runnel's view of stored messages
+// against the official Java client's on one Java broker: what runnel's
+// producer stored, Java's lite pull consumer reads with the same ids,
+// queues, offsets, tags, keys, properties and timestamps as runnel's pull;
+// and what Java's producer stored, runnel's pull reads with the msgId,
+// offsetMsgId and queue offset Java's send results gave.
+func TestJavaBrokerJavaClientAgrees(t *testing.T) {
+	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		ctx := bg(t, 3*time.Minute)
+		cl := newJavaClient(t, c)
+		topic := uniqueName(t, "agree")
+		qs := createJavaTopic(t, cl, c, topic, 2)
+		p := newJavaProducer(t, cl, uniqueName(t, "pg"))
+		const n = 8
+		var batch []*client.Message
+		for i := range n {
+			m := &client.Message{Topic: topic, Body: fmt.Appendf(nil, "runnel-%d", i), Tags: "rt", Keys: []string{fmt.Sprintf("rk%d", i)},
+				Properties: map[string]string{"i": strconv.Itoa(i), "sp ace": "v a l"}}
+			if i < n/2 {
+				if _, err := p.Send(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			batch = append(batch, m)
+		}
+		if _, err := p.Send(ctx, batch...); err != nil {
+			t.Fatal(err)
+		}
+		ours := pullTopic(t, cl, qs, uniqueName(t, "g"), n, 30*time.Second)
+		if len(ours) != n {
+			t.Fatalf("runnel read %d messages back, want %d", len(ours), n)
+		}
+
+		dr := d.NewDriver(t)
+		evs, err := dr.Run(ctx, c.NameServer, "litepull", "--topic", topic, "--group", uniqueName(t, "jg"),
+			"--mode", "assign", "--count", strconv.Itoa(n), "--commit", "none", "--timeout-ms", "60000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for _, ev := range evs {
+			if ev.Kind() == "timeout" {
+				t.Fatalf("Java lite pull timed out: %v", ev)
+			}
+			if ev.Kind() != "recv" {
+				continue
+			}
+			seen++
+			m, ok := ours[ev.Str("id")]
+			if !ok {
+				t.Fatalf("Java read %v, which runnel did not", ev)
+			}
+			if ev.Str("topic") != m.Topic || ev.Str("broker") != c.BrokerName || ev.Int("q") != int64(m.QueueID) || ev.Int("qoff") != m.QueueOffset ||
+				ev.Str("body") != string(m.Body) || ev.Str("tags") != m.Tags() || ev.Str("keys") != m.Keys() ||
+				ev.Int("born_ms") != m.BornTimestamp || ev.Int("store_ms") != m.StoreTimestamp || ev.Int("reconsume") != int64(m.ReconsumeTimes) {
+				t.Fatalf("Java read %v\nrunnel read %+v", ev, m)
+			}
+			jp, rp := ev.Props(), protocol.ParseProperties(m.Properties)
+			for k, v := range rp {
+				if jp[k] != v {
+					t.Fatalf("property %q: Java %q, runnel %q", k, jp[k], v)
+				}
+			}
+			for k := range jp {
+				if _, ok := rp[k]; !ok && k != "MIN_OFFSET" && k != "MAX_OFFSET" {
+					t.Fatalf("Java sees property %q = %q, runnel does not (%q)", k, jp[k], m.Properties)
+				}
+			}
+		}
+		if seen != n {
+			t.Fatalf("Java read %d messages, want %d", seen, n)
+		}
+
+		// The other way: Java's producer, runnel's pull.
+		jtopic := uniqueName(t, "agreej")
+		jqs := createJavaTopic(t, cl, c, jtopic, 2)
+		sent, err := dr.Run(ctx, c.NameServer, "produce", "--topic", jtopic, "--count", "6", "--tag", "jt", "--keys", "jk", "--prop", "a=b,c=d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs := pullTopic(t, cl, jqs, uniqueName(t, "g"), 6, 30*time.Second)
+		seen = 0
+		for _, ev := range sent {
+			if ev.Kind() != "sent" {
+				continue
+			}
+			seen++
+			m, ok := theirs[ev.Str("id")]
+			if !ok {
+				t.Fatalf("Java sent %v; runnel did not read it (read %d)", ev, len(theirs))
+			}
+			i := ev.Int("i")
+			if m.OffsetMsgID() != ev.Str("offset_id") || int64(m.QueueID) != ev.Int("q") || m.QueueOffset != ev.Int("qoff") ||
+				m.Tags() != "jt" || m.Keys() != fmt.Sprintf("jk%d", i) || string(m.Body) != fmt.Sprintf("%s-%d", jtopic, i) {
+				t.Fatalf("Java sent %v\nrunnel read %+v (offset id %s)", ev, m, m.OffsetMsgID())
+			}
+			for k, v := range map[string]string{"a": "b", "c": "d", "javapeer_i": strconv.FormatInt(i, 10)} {
+				if got, _ := m.Property(k); got != v {
+					t.Fatalf("property %s = %q, want %q", k, got, v)
+				}
+			}
+			// The offset message id names the Java broker's store address
+			// and the message's commit log offset.
+			host, phys, err := protocol.ParseOffsetMsgID(ev.Str("offset_id"))
+			if err != nil || host.String() != c.Broker || phys != m.CommitLogOffset {
+				t.Fatalf("offset id %s: %v %d %v; stored at %d", ev.Str("offset_id"), host, phys, err, m.CommitLogOffset)
+			}
+		}
+		if seen != 6 {
+			t.Fatalf("%d sent events, want 6", seen)
+		}
+	})
+}

@@ -1,0 +1,225 @@
+package javatest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/internal/javapeer"
+	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
+)
+
+// TestJavaBrokerPullLongPolling: a pull at the end of a queue with a
+// suspend time waits on the Java broker and returns as soon as a message
+// arrives; with nothing arriving it returns PULL_NOT_FOUND once the
+// suspend time is over (the Java broker checks held pulls every 5 s, so
+// not much sooner and at most about 5 s later); without one it returns
+// at once.
+func TestJavaBrokerPullLongPolling(t *testing.T) {
+	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		ctx := bg(t, 2*time.Minute)
+		cl := newJavaClient(t, c)
+		topic := uniqueName(t, "lp")
+		qs := createJavaTopic(t, cl, c, topic, 1)
+		q := qs[0]
+		group := uniqueName(t, "g")
+		p := newJavaProducer(t, cl, uniqueName(t, "pg"))
+
+		start := time.Now()
+		res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 0, Group: group})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(start); res.Status != client.PullNoNewMsg || el > 2*time.Second {
+			t.Fatalf("pull without suspend of an empty queue: %v after %v", res.Status, el)
+		}
+
+		// Suspend honoured: nothing arrives.
+		start = time.Now()
+		res, err = cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 0, Group: group, Suspend: 1500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		el := time.Since(start)
+		if res.Status != client.PullNoNewMsg || el < 1400*time.Millisecond || el > 12*time.Second {
+			t.Fatalf("suspended pull of an empty queue: %v after %v, want NO_NEW_MSG after 1.5–6.5 s", res.Status, el)
+		}
+		t.Logf("suspend 1.5 s with nothing arriving answered after %v", el.Round(time.Millisecond))
+
+		// A message arriving wakes the held pull.
+		type out struct {
+			res *client.PullResult
+			err error
+			el  time.Duration
+		}
+		done := make(chan out, 1)
+		start = time.Now()
+		go func() {
+			res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 0, Group: group, Suspend: 20 * time.Second})
+			done <- out{res, err, time.Since(start)}
+		}()
+		time.Sleep(700 * time.Millisecond) // let the pull be held first
+		sentAt := time.Since(start)
+		sres, err := p.Send(ctx, &client.Message{Topic: topic, Body: []byte("wake")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var o out
+		select {
+		case o = <-done:
+		case <-time.After(40 * time.Second):
+			t.Fatal("held pull did not return")
+		}
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		if o.res.Status != client.PullFound || len(o.res.Messages) != 1 || o.res.Messages[0].UniqKey() != sres.MsgID {
+			t.Fatalf("held pull: %v %d messages", o.res.Status, len(o.res.Messages))
+		}
+		// Woken by the arrival, not by the 5 s check nor the suspend time.
+		if o.el < sentAt || o.el > sentAt+4*time.Second {
+			t.Fatalf("held pull returned after %v; the message was sent after %v", o.el, sentAt)
+		}
+		if o.res.NextBeginOffset != 1 || o.res.MaxOffset != 1 || o.res.MinOffset != 0 {
+			t.Fatalf("held pull: next %d min %d max %d", o.res.NextBeginOffset, o.res.MinOffset, o.res.MaxOffset)
+		}
+		t.Logf("held pull woken %v after the send", (o.el - sentAt).Round(time.Millisecond))
+	})
+}
+
+// TestJavaBrokerPullOffsets: offsets outside a queue are outcomes with
+// the place to resume (PULL_OFFSET_MOVED), and runnel's offset calls
+// (min, max, search by time) agree with what was stored.
+func TestJavaBrokerPullOffsets(t *testing.T) {
+	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		ctx := bg(t, 2*time.Minute)
+		cl := newJavaClient(t, c)
+		topic := uniqueName(t, "off")
+		q := createJavaTopic(t, cl, c, topic, 1)[0]
+		group := uniqueName(t, "g")
+		p := newJavaProducer(t, cl, uniqueName(t, "pg"))
+
+		// An empty queue: any offset but 0 moved to 0.
+		res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 5, Group: group})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != client.PullOffsetIllegal || res.NextBeginOffset != 0 {
+			t.Fatalf("pull at 5 of an empty queue: %v next %d", res.Status, res.NextBeginOffset)
+		}
+		var stamps []int64
+		for i := range 5 {
+			r, err := p.Send(ctx, &client.Message{Topic: topic, Body: fmt.Appendf(nil, "m%d", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.QueueOffset != int64(i) {
+				t.Fatalf("message %d stored at %d", i, r.QueueOffset)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		got := pullAll(t, cl, q, group, 0, 5, 20*time.Second)
+		for _, m := range got {
+			stamps = append(stamps, m.StoreTimestamp)
+		}
+		if mn, err := cl.MinOffset(ctx, q); err != nil || mn != 0 {
+			t.Fatalf("min offset %d, %v", mn, err)
+		}
+		if mx, err := cl.MaxOffset(ctx, q); err != nil || mx != 5 {
+			t.Fatalf("max offset %d, %v", mx, err)
+		}
+		if off, err := cl.SearchOffset(ctx, q, time.UnixMilli(stamps[3])); err != nil || off > 3 || off < 0 || got[off].StoreTimestamp != stamps[3] {
+			t.Fatalf("search offset of the 4th message's store time: %d, %v (stamps %v)", off, err, stamps)
+		}
+		// Past the end: offset moved to the max offset.
+		res, err = cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 100, Group: group})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != client.PullOffsetIllegal || res.NextBeginOffset != 5 || res.MaxOffset != 5 {
+			t.Fatalf("pull at 100 of a 5-message queue: %v next %d max %d", res.Status, res.NextBeginOffset, res.MaxOffset)
+		}
+		// Exactly at the end: nothing new.
+		res, err = cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 5, Group: group})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != client.PullNoNewMsg || res.NextBeginOffset != 5 {
+			t.Fatalf("pull at the end: %v next %d", res.Status, res.NextBeginOffset)
+		}
+		// A queue that does not exist.
+		bad := q
+		bad.QueueID = 7
+		if _, err := cl.Pull(ctx, client.PullRequest{Queue: bad, Offset: 0, Group: group}); err == nil {
+			t.Fatal("pull of queue 7 of a 1-queue topic succeeded")
+		} else {
+			t.Logf("pull of a queue id beyond the topic's: %v", err)
+		}
+	})
+}
+
+// TestJavaBrokerPullFilters: the Java broker filters by the tag hash codes
+// of runnel's subscription expression (server side: a matching message
+// behind non-matching ones comes in the first pull of one message), runnel
+// drops the messages whose tag only shares the hash (Java's String.hashCode
+// of "Aa" and "BB" is the same), and SQL92 expressions on properties work.
+func TestJavaBrokerPullFilters(t *testing.T) {
+	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		ctx := bg(t, 2*time.Minute)
+		cl := newJavaClient(t, c)
+		topic := uniqueName(t, "filter")
+		q := createJavaTopic(t, cl, c, topic, 1)[0]
+		p := newJavaProducer(t, cl, uniqueName(t, "pg"))
+		tags := []string{"b", "b", "", "BB", "b", "a", "c", "Aa", "a"}
+		for i, tag := range tags {
+			if _, err := p.Send(ctx, &client.Message{Topic: topic, Body: fmt.Appendf(nil, "m%d", i), Tags: tag,
+				Properties: map[string]string{"i": fmt.Sprint(i), "color": []string{"red", "blue"}[i%2]}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		group := uniqueName(t, "g")
+		// Server side: the first "a" is at offset 5, behind four others.
+		res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: 0, Group: group, Expression: "a", MaxMsgs: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != client.PullFound || len(res.Messages) != 1 || res.Messages[0].QueueOffset != 5 || res.NextBeginOffset != 6 {
+			t.Fatalf("pull of tag a, one message: %v %d messages next %d", res.Status, len(res.Messages), res.NextBeginOffset)
+		}
+		// Hash-equal tags pass the broker; runnel keeps only the real ones.
+		read := func(expr, typ string) []int64 {
+			t.Helper()
+			var offs []int64
+			off := int64(0)
+			for off < int64(len(tags)) {
+				res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: off, Group: group, Expression: expr, ExpressionType: typ})
+				if err != nil {
+					t.Fatalf("%s %q: %v", typ, expr, err)
+				}
+				if res.Status == client.PullNoNewMsg || res.Status == client.PullOffsetIllegal {
+					break
+				}
+				for _, m := range res.Messages {
+					offs = append(offs, m.QueueOffset)
+				}
+				off = res.NextBeginOffset
+			}
+			return offs
+		}
+		for expr, want := range map[string][]int64{
+			"Aa":     {7},
+			"BB":     {3},
+			"a || c": {5, 6, 8},
+			"b||BB":  {0, 1, 3, 4},
+			"*":      {0, 1, 2, 3, 4, 5, 6, 7, 8},
+		} {
+			if got := read(expr, protocol.ExpressionTypeTag); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("tag expression %q read offsets %v, want %v", expr, got, want)
+			}
+		}
+		if got := read("color = 'blue' AND i > 3", protocol.ExpressionTypeSQL92); fmt.Sprint(got) != fmt.Sprint([]int64{5, 7}) {
+			t.Fatalf("SQL92 read offsets %v, want [5 7]", got)
+		}
+	})
+}
