@@ -325,7 +325,9 @@ func (c *Client) SearchOffset(ctx context.Context, q protocol.MessageQueue, t ti
 
 // QueryConsumerOffset returns the offset group committed for q
 // (QUERY_CONSUMER_OFFSET); an error wrapping ErrNoOffset (and
-// protocol.ErrQueryNotFound) when it has none.
+// protocol.ErrQueryNotFound) when it has none. Apache RocketMQ 4.x brokers
+// ignore the request's setZeroIfNotFound=false and answer 0 instead while
+// the queue's first message is still in memory.
 func (c *Client) QueryConsumerOffset(ctx context.Context, group string, q protocol.MessageQueue) (int64, error) {
 	req := protocol.NewRequest(protocol.ReqQueryConsumerOffset)
 	h := protocol.QueryConsumerOffsetRequestHeader{ConsumerGroup: group, Topic: q.Topic, QueueID: q.QueueID,
@@ -346,7 +348,11 @@ func (c *Client) QueryConsumerOffset(ctx context.Context, group string, q protoc
 }
 
 // CommitOffset stores offset as group's consumed offset of q on its broker
-// (UPDATE_CONSUMER_OFFSET) and waits for the broker's answer.
+// (UPDATE_CONSUMER_OFFSET) and waits for the broker's answer. Apache
+// RocketMQ 5 brokers refuse it for a group they do not know yet
+// (SUBSCRIPTION_GROUP_NOT_EXIST): a group exists once a heartbeat or a pull
+// of it arrived (with autoCreateSubscriptionGroup, the default) or an admin
+// created it.
 func (c *Client) CommitOffset(ctx context.Context, group string, q protocol.MessageQueue, offset int64) error {
 	req := protocol.NewRequest(protocol.ReqUpdateConsumerOffset)
 	h := protocol.UpdateConsumerOffsetRequestHeader{ConsumerGroup: group, Topic: q.Topic, QueueID: q.QueueID,
