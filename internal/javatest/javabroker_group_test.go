@@ -202,11 +202,39 @@ func TestJavaBrokerGroupWithJavaConsumer(t *testing.T) {
 	})
 }
 
+// lockOpts are the options of a locking member that wants every queue of
+// qs, renews every 500 ms and trusts a lock for 2 s (below lockLifetime).
+func lockOpts(qs []protocol.MessageQueue, lost chan<- []protocol.MessageQueue) []client.GroupOption {
+	return []client.GroupOption{client.WithQueueLocking(true), client.WithAllocator(client.AllocateByConfig(qs...)),
+		client.WithRebalanceInterval(time.Second), client.WithLockRenewInterval(500 * time.Millisecond),
+		client.WithLockValidity(2 * time.Second), client.WithListener(client.ListenerFuncs{
+			LockLost: func(_ context.Context, q []protocol.MessageQueue) { lost <- q }})}
+}
+
+// holdsFor checks for d that a owns every queue of qs and b none.
+func holdsFor(t *testing.T, d time.Duration, a, b *client.GroupConsumer, qs []protocol.MessageQueue, lost <-chan []protocol.MessageQueue) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if n := len(a.Assignment()); n != len(qs) {
+			t.Fatalf("a owns %d queues while renewing its locks", n)
+		}
+		if n := len(b.Assignment()); n != 0 {
+			t.Fatalf("b owns %d queues locked by a", n)
+		}
+		select {
+		case q := <-lost:
+			t.Fatalf("lock of %v lost while renewed", q)
+		default:
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestJavaBrokerGroupLocks: in locking mode the Java broker's
 // LOCK_BATCH_MQ grants a queue to one client id only: a second member that
-// wants the same queues gets none while the first renews its locks (for
-// longer than its own validity, which renewal keeps extending), and gets
-// them once the first unlocks (UNLOCK_BATCH_MQ on Close).
+// wants the same queues gets none while the first renews its locks, and
+// gets them once the first unlocks (UNLOCK_BATCH_MQ on Close).
 func TestJavaBrokerGroupLocks(t *testing.T) {
 	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
 		admin := newJavaClient(t, c)
@@ -214,34 +242,40 @@ func TestJavaBrokerGroupLocks(t *testing.T) {
 		qs := createJavaTopic(t, admin, c, topic, 2)
 		group := uniqueName(t, "g")
 		lost := make(chan []protocol.MessageQueue, 4)
-		opts := func() []client.GroupOption {
-			return []client.GroupOption{client.WithQueueLocking(true), client.WithAllocator(client.AllocateByConfig(qs...)),
-				client.WithRebalanceInterval(time.Second), client.WithLockRenewInterval(500 * time.Millisecond),
-				client.WithLockValidity(2 * time.Second), client.WithListener(client.ListenerFuncs{
-					LockLost: func(_ context.Context, q []protocol.MessageQueue) { lost <- q }})}
-		}
-		ga := startGroup(t, newJavaClient(t, c, client.WithInstanceName("a")), group, topic, opts()...)
+		ga := startGroup(t, newJavaClient(t, c, client.WithInstanceName("a")), group, topic, lockOpts(qs, lost)...)
 		waitAssigned(t, "a", ga, 2)
-		gb := startGroup(t, newJavaClient(t, c, client.WithInstanceName("b")), group, topic, opts()...)
-		// Three times a's validity: renewals keep a's locks, b gets none.
-		deadline := time.Now().Add(6 * time.Second)
-		for time.Now().Before(deadline) {
-			if n := len(ga.Assignment()); n != 2 {
-				t.Fatalf("a owns %d queues while renewing its locks", n)
-			}
-			if n := len(gb.Assignment()); n != 0 {
-				t.Fatalf("b owns %d queues locked by a", n)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		select {
-		case q := <-lost:
-			t.Fatalf("lock of %v lost while renewed", q)
-		default:
-		}
+		gb := startGroup(t, newJavaClient(t, c, client.WithInstanceName("b")), group, topic, lockOpts(qs, lost)...)
+		// Longer than a's validity: renewals keep a's locks, b gets none.
+		holdsFor(t, 3*time.Second, ga, gb, qs, lost)
 		if err := ga.Close(); err != nil {
 			t.Fatal(err)
 		}
 		waitAssigned(t, "b after a unlocked", gb, 2)
+	})
+}
+
+// TestJavaBrokerGroupLockExpiry, on a broker whose lock lifetime is
+// lockLifetime (3 s): renewals keep a member's locks for twice that, and
+// when the member stops without unlocking (its client closes), the broker
+// grants the locks to the other member only once they expired.
+func TestJavaBrokerGroupLockExpiry(t *testing.T) {
+	eachRestricted(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		admin := newJavaClient(t, c, adminCreds())
+		topic := uniqueName(t, "expiry")
+		qs := createJavaTopic(t, admin, c, topic, 2)
+		group := uniqueName(t, "g")
+		lost := make(chan []protocol.MessageQueue, 4)
+		ca := newJavaClient(t, c, adminCreds(), client.WithInstanceName("a"))
+		ga := startGroup(t, ca, group, topic, lockOpts(qs, lost)...)
+		waitAssigned(t, "a", ga, 2)
+		gb := startGroup(t, newJavaClient(t, c, adminCreds(), client.WithInstanceName("b")), group, topic, lockOpts(qs, lost)...)
+		holdsFor(t, 2*lockLifetime, ga, gb, qs, lost)
+		// a's last renewal was at most 500 ms before this.
+		stopped := time.Now()
+		_ = ca.Close()
+		waitAssigned(t, "b after a's locks expired", gb, 2)
+		if el := time.Since(stopped); el < lockLifetime-time.Second {
+			t.Fatalf("b got a's locks %v after a stopped renewing, before the %v lifetime", el, lockLifetime)
+		}
 	})
 }

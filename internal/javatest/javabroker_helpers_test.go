@@ -2,6 +2,7 @@ package javatest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -59,9 +60,16 @@ func createJavaTopic(t testing.TB, cl *client.Client, c *javapeer.Cluster, topic
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := cl.CreateTopic(ctx, c.ClusterName, client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)}); err != nil {
-		t.Fatal(err)
-	}
+	// Right after "boot success" the Java broker may not have registered
+	// with its name server yet (5.x registers asynchronously): the cluster
+	// is unknown (ErrNoRoute) until it has.
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		err := cl.CreateTopic(ctx, c.ClusterName, client.TopicConfig{TopicName: topic, ReadQueueNums: int32(n), WriteQueueNums: int32(n)})
+		if err != nil && !errors.Is(err, client.ErrNoRoute) {
+			t.Fatal(err)
+		}
+		return err
+	})
 	var qs []protocol.MessageQueue
 	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
 		r, err := cl.RefreshRoute(ctx, topic)
