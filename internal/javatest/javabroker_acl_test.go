@@ -59,13 +59,13 @@ func restrictedOptions(v string) []javapeer.Option {
 	// validator is gone); authentication and authorization are ACL 2.0's.
 	const auth = "org.apache.rocketmq.auth."
 	for k, val := range map[string]string{
-		"authenticationEnabled":               "true",
-		"authenticationProvider":              auth + "authentication.provider.DefaultAuthenticationProvider",
-		"authenticationMetadataProvider":      auth + "authentication.provider.LocalAuthenticationMetadataProvider",
-		"authorizationEnabled":                "true",
-		"authorizationProvider":               auth + "authorization.provider.DefaultAuthorizationProvider",
-		"authorizationMetadataProvider":       auth + "authorization.provider.LocalAuthorizationMetadataProvider",
-		"migrateAuthFromV1Enabled":            "true",
+		"authenticationEnabled":                "true",
+		"authenticationProvider":               auth + "authentication.provider.DefaultAuthenticationProvider",
+		"authenticationMetadataProvider":       auth + "authentication.provider.LocalAuthenticationMetadataProvider",
+		"authorizationEnabled":                 "true",
+		"authorizationProvider":                auth + "authorization.provider.DefaultAuthorizationProvider",
+		"authorizationMetadataProvider":        auth + "authorization.provider.LocalAuthorizationMetadataProvider",
+		"migrateAuthFromV1Enabled":             "true",
 		"innerClientAuthenticationCredentials": `{"accessKey":"` + aclAdminKey + `","secretKey":"` + aclAdminSecret + `"}`,
 	} {
 		opts = append(opts, javapeer.WithBrokerProperty(k, val))
