@@ -86,7 +86,8 @@ func createJavaTopic(t testing.TB, cl *client.Client, c *javapeer.Cluster, topic
 }
 
 // pullAll reads q from offset from until it has want messages or
-// nothing more arrives within wait, and returns clones of them.
+// nothing more arrives within wait (with wait 0: until the end of the
+// queue), and returns clones of them.
 func pullAll(t testing.TB, cl *client.Client, q protocol.MessageQueue, group string, from int64, want int, wait time.Duration) []protocol.MessageExt {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait+30*time.Second)
@@ -95,11 +96,8 @@ func pullAll(t testing.TB, cl *client.Client, q protocol.MessageQueue, group str
 	off := from
 	deadline := time.Now().Add(wait)
 	for len(out) < want {
-		suspend := time.Until(deadline)
-		if suspend <= 0 {
-			break
-		}
-		res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: off, Group: group, Suspend: min(suspend, 5*time.Second)})
+		suspend := min(max(time.Until(deadline), 0), 5*time.Second)
+		res, err := cl.Pull(ctx, client.PullRequest{Queue: q, Offset: off, Group: group, Suspend: suspend})
 		if err != nil {
 			t.Fatalf("pull %s at %d: %v", q, off, err)
 		}
@@ -111,6 +109,10 @@ func pullAll(t testing.TB, cl *client.Client, q protocol.MessageQueue, group str
 			off = res.NextBeginOffset
 		case client.PullOffsetIllegal:
 			t.Fatalf("pull %s at %d: offset illegal (next %d, min %d, max %d)", q, off, res.NextBeginOffset, res.MinOffset, res.MaxOffset)
+		case client.PullNoNewMsg:
+			if !time.Now().Before(deadline) {
+				return out
+			}
 		}
 	}
 	return out
