@@ -1,11 +1,13 @@
 package javatest
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/javapeer"
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -222,4 +224,87 @@ func TestJavaBrokerPullFilters(t *testing.T) {
 			t.Fatalf("SQL92 read offsets %v, want [5 7]", got)
 		}
 	})
+}
+
+// TestJavaBrokerPullInnerBatch: on a 5.x topic with queue.type=BatchCQ the
+// Java broker stores a Java producer's batch as one inner-batch record;
+// runnel's pull unwraps it into the batch's messages, at consecutive queue
+// offsets, with their own bodies, properties and UNIQ_KEYs, as Java's client
+// does. (4.9 has no BatchCQ. The broker filters an inner-batch record by
+// its own tag, which a Java batch has none of, so tag subscriptions do not
+// see such batches, with Java's client as with runnel's.)
+func TestJavaBrokerPullInnerBatch(t *testing.T) {
+	d, c := javaCluster(t, javapeer.Version5)
+	ctx := bg(t, 2*time.Minute)
+	cl := newJavaClient(t, c)
+	topic := uniqueName(t, "bcq")
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		err := cl.CreateTopic(ctx, c.ClusterName, client.TopicConfig{TopicName: topic, ReadQueueNums: 1, WriteQueueNums: 1,
+			Attributes: map[string]string{"queue.type": "BatchCQ"}})
+		if err != nil && !errors.Is(err, client.ErrNoRoute) {
+			t.Fatal(err)
+		}
+		return err
+	})
+	var q protocol.MessageQueue
+	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		r, err := cl.RefreshRoute(ctx, topic)
+		if err == nil {
+			q = r.SubscribeQueues()[0]
+		}
+		return err
+	})
+	// One message of runnel's own first: runnel's batches are stored message
+	// by message (no inner batch), a single message is a plain record.
+	if _, err := newJavaProducer(t, cl, uniqueName(t, "pg")).Send(ctx, &client.Message{Topic: topic, Body: []byte("runnel"), Tags: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	dr := d.NewDriver(t)
+	evs, err := dr.Run(ctx, c.NameServer, "produce", "--topic", topic, "--mode", "batch", "--count", "3", "--batch", "3", "--tag", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dr.Run(ctx, c.NameServer, "produce", "--topic", topic, "--mode", "batch", "--count", "2", "--batch", "2", "--tag", "b", "--body-prefix", "second"); err != nil {
+		t.Fatal(err)
+	}
+	var batchID string
+	for _, ev := range evs {
+		if ev.Kind() == "sent" {
+			batchID = ev.Str("id")
+			if ev.Int("qoff") != 1 {
+				t.Fatalf("Java batch stored at %d, want 1 (after runnel's message)", ev.Int("qoff"))
+			}
+		}
+	}
+	got := pullAll(t, cl, q, uniqueName(t, "g"), 0, 6, 20*time.Second)
+	if len(got) != 6 {
+		t.Fatalf("pulled %d messages, want 1 + 3 + 2", len(got))
+	}
+	for i, m := range got {
+		body := "runnel"
+		if i >= 1 && i <= 3 {
+			body = fmt.Sprintf("%s-%d", topic, i-1)
+		} else if i > 3 {
+			body = fmt.Sprintf("second-%d", i-4)
+		}
+		if m.QueueOffset != int64(i) || string(m.Body) != body || m.Topic != topic || m.QueueID != q.QueueID {
+			t.Fatalf("message %d: offset %d body %q topic %q queue %d", i, m.QueueOffset, m.Body, m.Topic, m.QueueID)
+		}
+		if i == 0 {
+			continue
+		}
+		wantI := i - 1
+		if i > 3 {
+			wantI = i - 4
+		}
+		if v, _ := m.Property("javapeer_i"); v != fmt.Sprint(wantI) || m.Tags() != map[bool]string{true: "a", false: "b"}[i <= 3] {
+			t.Fatalf("message %d: javapeer_i %q tags %q", i, v, m.Tags())
+		}
+		if m.UniqKey() == "" || m.UniqKey() == batchID {
+			t.Fatalf("message %d: UNIQ_KEY %q (the batch's is %s)", i, m.UniqKey(), batchID)
+		}
+		if m.SysFlag&protocol.SysFlagNeedUnwrap != 0 {
+			t.Fatalf("message %d: sysflag %#x still says unwrap", i, m.SysFlag)
+		}
+	}
 }
