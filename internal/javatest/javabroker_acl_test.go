@@ -170,6 +170,17 @@ func TestJavaBrokerACL(t *testing.T) {
 			t.Fatalf("signed offset query: %d, %v", off, err)
 		}
 
+		// The signature covers the ext fields whatever the header encoding.
+		jsonUser := newJavaClient(t, c, client.WithHeaderEncoding(protocol.SerializeJSON),
+			client.WithCredentials(client.Credentials{AccessKey: aclUserKey, SecretKey: aclUserSecret}))
+		jres, err := newJavaProducer(t, jsonUser, uniqueName(t, "pg")).Send(ctx, &client.Message{Topic: topic, Body: []byte("signed json"), Tags: "t"})
+		if err != nil {
+			t.Fatalf("signed send with JSON headers: %v", err)
+		}
+		if got := pullAll(t, jsonUser, jres.Queue, group, jres.QueueOffset, 1, 10*time.Second); len(got) != 1 || string(got[0].Body) != "signed json" {
+			t.Fatalf("signed pull with JSON headers read %d messages", len(got))
+		}
+
 		// Refusals.
 		want := protocol.ResSystemError
 		if d.Version != javapeer.Version4 {

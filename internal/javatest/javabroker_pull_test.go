@@ -276,7 +276,30 @@ func TestJavaBrokerPullInnerBatch(t *testing.T) {
 			}
 		}
 	}
-	got := pullAll(t, cl, q, uniqueName(t, "g"), 0, 6, 20*time.Second)
+	// Read through a recording proxy, for the golden frame of an
+	// inner-batch pull response.
+	rc := startRecCluster(t, c.NameServer, c.Broker)
+	got := pullAll(t, newJavaClient(t, c, client.WithNameServers(rc.NS.Addr)), q, uniqueName(t, "g"), 0, 6, 20*time.Second)
+	saved := false
+	for _, f := range rc.Broker.Requests(protocol.ReqPullMessage, false) {
+		r, ok := rc.Broker.Response(f)
+		if !ok || r.Cmd.Code != protocol.ResSuccess || saved {
+			continue
+		}
+		_ = protocol.DecodeRecords(r.Cmd.Body, func(m *protocol.MessageExt) bool {
+			if m.SysFlag&protocol.SysFlagInnerBatch != 0 && !saved {
+				saved = true
+				writeCaptured(t, "pull_response_inner_batch_java_json.hex", "Captured from Apache RocketMQ 5.3.3 (internal/javatest TestJavaBrokerPullInnerBatch, go test -capture-frames):\n"+
+					"the Java broker's FOUND response to a runnel PULL_MESSAGE from offset 0 of a queue.type=BatchCQ topic holding\n"+
+					"one runnel message (offset 0), a Java batch of 3 (one inner-batch record, offsets 1-3, tag a) and one of 2 (offsets 4-5, tag b,\n"+
+					"bodies second-0, second-1), written by the javapeer driver's produce --mode batch.", r)
+			}
+			return true
+		})
+	}
+	if !saved {
+		t.Fatal("no pull response with an inner-batch record recorded")
+	}
 	if len(got) != 6 {
 		t.Fatalf("pulled %d messages, want 1 + 3 + 2", len(got))
 	}
