@@ -245,3 +245,30 @@ func TestClientOptionValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestDeliverAfterProperty: DeliverAfter goes out as TIMER_DELAY_SEC when
+// it is a whole number of seconds and as TIMER_DELAY_MS otherwise (Java's
+// Message.setDelayTimeSec / setDelayTimeMs), which the 5.x broker's timer
+// reads relative to its own clock.
+func TestDeliverAfterProperty(t *testing.T) {
+	for _, tc := range []struct {
+		after      time.Duration
+		key, value string
+	}{
+		{3 * time.Second, protocol.PropTimerDelaySec, "3"},
+		{1500 * time.Millisecond, protocol.PropTimerDelayMS, "1500"},
+		{time.Microsecond, protocol.PropTimerDelayMS, "1"},
+	} {
+		props := string(appendMsgProps(nil, &Message{Topic: "T", Body: []byte("b"), DeliverAfter: tc.after}, []byte("ID")))
+		if v, ok := protocol.PropertyValue(props, tc.key); !ok || v != tc.value {
+			t.Errorf("DeliverAfter %v: properties %q, want %s=%s", tc.after, props, tc.key, tc.value)
+		}
+		other := protocol.PropTimerDelayMS
+		if tc.key == other {
+			other = protocol.PropTimerDelaySec
+		}
+		if _, ok := protocol.PropertyValue(props, other); ok {
+			t.Errorf("DeliverAfter %v: both timer properties in %q", tc.after, props)
+		}
+	}
+}
