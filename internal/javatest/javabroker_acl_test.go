@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,28 +74,51 @@ func restrictedOptions(v string) []javapeer.Option {
 	return opts
 }
 
+// restricted serialises the start of each version's restricted cluster
+// on a lock of its own, so that the two versions boot in parallel (the
+// clusters are kept in shared, which TestMain closes).
+var restricted struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
 // restrictedCluster returns version v's restricted cluster, started on
 // first use and closed by TestMain with the shared ones.
 func restrictedCluster(t testing.TB, v string) (*javapeer.Dist, *javapeer.Cluster) {
 	t.Helper()
 	d := javapeer.RequireVersion(t, v)
 	key := v + "-restricted"
+	restricted.mu.Lock()
+	if restricted.locks == nil {
+		restricted.locks = map[string]*sync.Mutex{}
+	}
+	l := restricted.locks[key]
+	if l == nil {
+		l = new(sync.Mutex)
+		restricted.locks[key] = l
+	}
+	restricted.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
 	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if err := shared.errs[key]; err != nil {
+	err, c := shared.errs[key], shared.clusters[key]
+	shared.mu.Unlock()
+	if err != nil {
 		t.Fatalf("restricted Apache RocketMQ %s cluster: %v", v, err)
 	}
-	if c := shared.clusters[key]; c != nil {
+	if c != nil {
 		return d, c
 	}
 	dir, err := os.MkdirTemp("", "runnel-javatest-"+key+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	shared.dirs = append(shared.dirs, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := d.StartCluster(ctx, dir, restrictedOptions(v)...)
+	c, err = d.StartCluster(ctx, dir, restrictedOptions(v)...)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	shared.dirs = append(shared.dirs, dir)
 	if err != nil {
 		if shared.errs == nil {
 			shared.errs = map[string]error{}
@@ -114,10 +138,13 @@ func restrictedCluster(t testing.TB, v string) (*javapeer.Dist, *javapeer.Cluste
 	return d, c
 }
 
+// eachRestricted runs fn as a parallel subtest per pinned version, on that
+// version's restricted cluster.
 func eachRestricted(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster)) {
 	t.Helper()
 	for _, v := range brokerVersions {
 		t.Run(v, func(t *testing.T) {
+			t.Parallel()
 			d, c := restrictedCluster(t, v)
 			fn(t, d, c)
 		})

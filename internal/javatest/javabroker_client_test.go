@@ -308,7 +308,7 @@ func checkStored(t *testing.T, c *javapeer.Cluster, sent *client.Message, res cl
 // properties, to its queue. 4.9 has no timers: there the timer properties
 // are stored as they are and the message is visible at once.
 func TestJavaBrokerDelayAndTimer(t *testing.T) {
-	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+	eachBrokerParallel(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
 		ctx := bg(t, 2*time.Minute)
 		cl := newJavaClient(t, c)
 		topic := uniqueName(t, "delay")

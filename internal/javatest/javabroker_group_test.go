@@ -236,7 +236,7 @@ func holdsFor(t *testing.T, d time.Duration, a, b *client.GroupConsumer, qs []pr
 // wants the same queues gets none while the first renews its locks, and
 // gets them once the first unlocks (UNLOCK_BATCH_MQ on Close).
 func TestJavaBrokerGroupLocks(t *testing.T) {
-	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+	eachBrokerParallel(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
 		admin := newJavaClient(t, c)
 		topic := uniqueName(t, "lock")
 		qs := createJavaTopic(t, admin, c, topic, 2)

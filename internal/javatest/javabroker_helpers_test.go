@@ -30,6 +30,20 @@ func eachBroker(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *javapee
 	}
 }
 
+// eachBrokerParallel is eachBroker with the versions' subtests in
+// parallel, for tests that mostly wait for the broker (check-backs, long
+// polls, timers, locks).
+func eachBrokerParallel(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster)) {
+	t.Helper()
+	for _, v := range brokerVersions {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			d, c := javaCluster(t, v)
+			fn(t, d, c)
+		})
+	}
+}
+
 // newJavaClient returns a runnel client of c's name server (client IP
 // 127.0.0.1, then opts), closed at the end of the test.
 func newJavaClient(t testing.TB, c *javapeer.Cluster, opts ...client.Option) *client.Client {

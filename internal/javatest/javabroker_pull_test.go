@@ -19,7 +19,7 @@ import (
 // not much sooner and at most about 5 s later); without one it returns
 // at once.
 func TestJavaBrokerPullLongPolling(t *testing.T) {
-	eachBroker(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+	eachBrokerParallel(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
 		ctx := bg(t, 2*time.Minute)
 		cl := newJavaClient(t, c)
 		topic := uniqueName(t, "lp")

@@ -14,19 +14,6 @@ import (
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
-// eachBrokerParallel is eachBroker with the versions' subtests in
-// parallel, for tests that mostly wait for the broker (check-backs).
-func eachBrokerParallel(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster)) {
-	t.Helper()
-	for _, v := range brokerVersions {
-		t.Run(v, func(t *testing.T) {
-			t.Parallel()
-			d, c := javaCluster(t, v)
-			fn(t, d, c)
-		})
-	}
-}
-
 // TestJavaBrokerTransactions: runnel's transactional producer on the Java
 // broker. A half message is invisible until EndTransaction commits it (from
 // another producer of the group, with the handle gone through JSON, as a
@@ -141,10 +128,11 @@ func TestJavaBrokerTransactions(t *testing.T) {
 		testutil.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
 			mu.Lock()
 			n := checks["unknown-then-commit"]
+			seen := fmt.Sprint(checks)
 			mu.Unlock()
 			all = readAll(t, cl, qs, g)
 			if bodies := countBodies(all); bodies["check-commit"] == 0 || bodies["unknown-then-commit"] == 0 || n < 2 {
-				return fmt.Errorf("after %v: visible %v, check-backs %v", time.Since(start), bodies, checks)
+				return fmt.Errorf("after %v: visible %v, check-backs %v", time.Since(start), bodies, seen)
 			}
 			return nil
 		})

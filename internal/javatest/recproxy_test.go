@@ -25,7 +25,7 @@ type recProxy struct {
 	target string
 	Addr   string
 
-	rewriteFrom, rewriteTo []byte
+	rewriteFrom, rewriteTo []byte // set before the proxy starts
 
 	wg sync.WaitGroup
 	mu struct {
@@ -47,8 +47,9 @@ type recFrame struct {
 
 // startRecProxy listens on a loopback port with as many digits as
 // samePortLen's port (so that addresses can be rewritten in place) and
-// forwards to target. It is closed at the end of the test.
-func startRecProxy(t testing.TB, target, samePortLen string) *recProxy {
+// forwards to target, replacing rewrite[0] with rewrite[1] in what it
+// forwards to clients (when given). It is closed at the end of the test.
+func startRecProxy(t testing.TB, target, samePortLen string, rewrite ...string) *recProxy {
 	t.Helper()
 	_, want, _ := net.SplitHostPort(samePortLen)
 	var ln net.Listener
@@ -67,6 +68,9 @@ func startRecProxy(t testing.TB, target, samePortLen string) *recProxy {
 		t.Fatalf("no loopback port with %d digits", len(want))
 	}
 	p := &recProxy{t: t, ln: ln, target: target, Addr: ln.Addr().String()}
+	if len(rewrite) == 2 {
+		p.rewriteFrom, p.rewriteTo = []byte(rewrite[0]), []byte(rewrite[1])
+	}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.Close)
@@ -187,11 +191,10 @@ type recCluster struct {
 func startRecCluster(t testing.TB, nsAddr, brokerAddr string) *recCluster {
 	t.Helper()
 	b := startRecProxy(t, brokerAddr, brokerAddr)
-	ns := startRecProxy(t, nsAddr, nsAddr)
 	if len(b.Addr) != len(brokerAddr) {
 		t.Fatalf("proxy address %s and broker address %s differ in length", b.Addr, brokerAddr)
 	}
-	ns.rewriteFrom, ns.rewriteTo = []byte(brokerAddr), []byte(b.Addr)
+	ns := startRecProxy(t, nsAddr, nsAddr, brokerAddr, b.Addr)
 	return &recCluster{NS: ns, Broker: b}
 }
 
