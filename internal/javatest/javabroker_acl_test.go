@@ -146,6 +146,7 @@ func eachRestricted(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *jav
 		t.Run(v, func(t *testing.T) {
 			t.Parallel()
 			d, c := restrictedCluster(t, v)
+			awaitRegistered(t, c)
 			fn(t, d, c)
 		})
 	}

@@ -67,10 +67,25 @@ func TestJavaBrokerRoutes(t *testing.T) {
 			t.Fatalf("ListTopics lacks %s", topic)
 		}
 
-		// Update: more queues, read-only; a refresh sees it.
+		// Update: more queues, read-only; a refresh sees it, and so does the
+		// background route refresh of a client that cached the old route.
+		watcher := newJavaClient(t, c, client.WithRouteRefreshInterval(200*time.Millisecond))
+		if r, err := watcher.Route(ctx, topic); err != nil || len(r.PublishQueues()) != 3 {
+			t.Fatalf("watcher's route: %v", err)
+		}
 		if err := cl.CreateTopic(ctx, c.Broker, client.TopicConfig{TopicName: topic, ReadQueueNums: 5, WriteQueueNums: 5, Perm: protocol.PermRead}); err != nil {
 			t.Fatal(err)
 		}
+		testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			r, err := watcher.Route(ctx, topic) // the cache, refreshed in the background
+			if err != nil {
+				return err
+			}
+			if len(r.SubscribeQueues()) != 5 || len(r.PublishQueues()) != 0 {
+				return fmt.Errorf("watcher's cached route: %d subscribe, %d publish queues, want 5, 0", len(r.SubscribeQueues()), len(r.PublishQueues()))
+			}
+			return nil
+		})
 		testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 			r, err := cl.RefreshRoute(ctx, topic)
 			if err != nil {
@@ -414,6 +429,10 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 		for i := range n {
 			m := &client.Message{Topic: topic, Body: fmt.Appendf(nil, "runnel-%d", i), Tags: "rt", Keys: []string{fmt.Sprintf("rk%d", i)},
 				Properties: map[string]string{"i": strconv.Itoa(i), "sp ace": "v a l"}}
+			if i == 0 {
+				// Over 4 KiB: runnel compresses it (zlib, sysflag type 3).
+				m.Body = []byte(strings.Repeat("runnel-0 compressed ", 500))
+			}
 			if i < n/2 {
 				if _, err := p.Send(ctx, m); err != nil {
 					t.Fatal(err)
@@ -473,7 +492,8 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 		// The other way: Java's producer, runnel's pull.
 		jtopic := uniqueName(t, "agreej")
 		jqs := createJavaTopic(t, cl, c, jtopic, 2)
-		sent, err := dr.Run(ctx, c.NameServer, "produce", "--topic", jtopic, "--count", "6", "--tag", "jt", "--keys", "jk", "--prop", "a=b,c=d")
+		// Bodies of 6000 bytes: Java compresses them (over 4 KiB).
+		sent, err := dr.Run(ctx, c.NameServer, "produce", "--topic", jtopic, "--count", "6", "--tag", "jt", "--keys", "jk", "--prop", "a=b,c=d", "--size", "6000")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -490,7 +510,7 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 			}
 			i := ev.Int("i")
 			if m.OffsetMsgID() != ev.Str("offset_id") || int64(m.QueueID) != ev.Int("q") || m.QueueOffset != ev.Int("qoff") ||
-				m.Tags() != "jt" || m.Keys() != fmt.Sprintf("jk%d", i) || string(m.Body) != fmt.Sprintf("%s-%d", jtopic, i) {
+				m.Tags() != "jt" || m.Keys() != fmt.Sprintf("jk%d", i) || !javaBody(m.Body, fmt.Sprintf("%s-%d", jtopic, i), 6000) {
 				t.Fatalf("Java sent %v\nrunnel read %+v (offset id %s)", ev, m, m.OffsetMsgID())
 			}
 			for k, v := range map[string]string{"a": "b", "c": "d", "javapeer_i": strconv.FormatInt(i, 10)} {
@@ -509,4 +529,10 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 			t.Fatalf("%d sent events, want 6", seen)
 		}
 	})
+}
+
+// javaBody reports whether b is the driver's body: prefix padded with '.'
+// to size bytes.
+func javaBody(b []byte, prefix string, size int) bool {
+	return len(b) == size && strings.HasPrefix(string(b), prefix) && strings.Trim(string(b[len(prefix):]), ".") == ""
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ func eachBroker(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c *javapee
 	for _, v := range brokerVersions {
 		t.Run(v, func(t *testing.T) {
 			d, c := javaCluster(t, v)
+			awaitRegistered(t, c)
 			fn(t, d, c)
 		})
 	}
@@ -39,9 +41,38 @@ func eachBrokerParallel(t *testing.T, fn func(t *testing.T, d *javapeer.Dist, c 
 		t.Run(v, func(t *testing.T) {
 			t.Parallel()
 			d, c := javaCluster(t, v)
+			awaitRegistered(t, c)
 			fn(t, d, c)
 		})
 	}
+}
+
+// registered holds the clusters whose broker the name server was seen to
+// list (*javapeer.Cluster → struct{}).
+var registered sync.Map
+
+// awaitRegistered waits until c's name server lists c's broker: right
+// after "boot success" a 5.x broker may not have registered yet (it does so
+// asynchronously), and until it has, routes and cluster info lack it.
+func awaitRegistered(t testing.TB, c *javapeer.Cluster) {
+	t.Helper()
+	if _, ok := registered.Load(c); ok {
+		return
+	}
+	cl := newJavaClient(t, c)
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ci, err := cl.ClusterInfo(ctx)
+		if err != nil {
+			return err
+		}
+		if bd, ok := ci.BrokerAddrTable[c.BrokerName]; !ok || bd.BrokerAddrs[protocol.MasterID] != c.Broker {
+			return fmt.Errorf("name server %s does not list broker %s at %s yet", c.NameServer, c.BrokerName, c.Broker)
+		}
+		return nil
+	})
+	registered.Store(c, struct{}{})
 }
 
 // newJavaClient returns a runnel client of c's name server (client IP

@@ -235,6 +235,7 @@ func TestJavaBrokerPullFilters(t *testing.T) {
 // see such batches, with Java's client as with runnel's.)
 func TestJavaBrokerPullInnerBatch(t *testing.T) {
 	d, c := javaCluster(t, javapeer.Version5)
+	awaitRegistered(t, c)
 	ctx := bg(t, 2*time.Minute)
 	cl := newJavaClient(t, c)
 	topic := uniqueName(t, "bcq")
