@@ -117,21 +117,26 @@ func TestJavaBrokerFrames(t *testing.T) {
 			os.Unsetenv("ROCKETMQ_SERIALIZE_TYPE")
 
 			// runnel's client, in both encodings, doing the same.
-			// The binary run leaves a half message for the broker to check
-			// back (after transactionTimeOut, 3 s here), awaited at the end.
+			// On 5.3 the binary run leaves a half message for the broker to
+			// check back (after transactionTimeOut, 3 s here), awaited at the
+			// end, for the golden CHECK_TRANSACTION_STATE (TestJavaBroker-
+			// Transactions covers check-backs on both versions).
 			rrc := map[protocol.SerializeType]*recCluster{}
 			var checked <-chan struct{}
 			for _, st := range []protocol.SerializeType{protocol.SerializeRocketMQ, protocol.SerializeJSON} {
 				rc := startRecCluster(t, c.NameServer, c.Broker)
 				rrc[st] = rc
-				if ch := runnelFlows(t, ctx, c, rc, topic, group+fmt.Sprint(st), st, st == protocol.SerializeRocketMQ); ch != nil {
+				half := st == protocol.SerializeRocketMQ && v == javapeer.Version5
+				if ch := runnelFlows(t, ctx, c, rc, topic, group+fmt.Sprint(st), st, half); ch != nil {
 					checked = ch
 				}
 			}
-			select {
-			case <-checked:
-			case <-ctx.Done():
-				t.Fatal("no check-back of runnel's half message")
+			if checked != nil {
+				select {
+				case <-checked:
+				case <-ctx.Done():
+					t.Fatal("no check-back of runnel's half message")
+				}
 			}
 
 			// 4.9's broker answers a request in the request's header
