@@ -317,11 +317,11 @@ func TestJavaBrokerPullInnerBatch(t *testing.T) {
 		if i == 0 {
 			continue
 		}
-		wantI := i - 1
+		wantI, wantTag := i-1, "a"
 		if i > 3 {
-			wantI = i - 4
+			wantI, wantTag = i-4, "b"
 		}
-		if v, _ := m.Property("javapeer_i"); v != fmt.Sprint(wantI) || m.Tags() != map[bool]string{true: "a", false: "b"}[i <= 3] {
+		if v, _ := m.Property("javapeer_i"); v != fmt.Sprint(wantI) || m.Tags() != wantTag {
 			t.Fatalf("message %d: javapeer_i %q tags %q", i, v, m.Tags())
 		}
 		if m.UniqKey() == "" || m.UniqKey() == batchID {
