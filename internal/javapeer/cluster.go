@@ -37,6 +37,7 @@ type clusterConfig struct {
 	brokerHeap  string
 	nsHeap      string
 	files       map[string]string // ROCKETMQ_HOME-relative path -> contents (a per-cluster home)
+	brokerSys   map[string]string // broker JVM system properties (-Dk=v)
 }
 
 type optionFunc func(*clusterConfig)
@@ -53,6 +54,14 @@ func WithBrokerProperty(key, value string) Option {
 // WithNameServerProperty sets one name server property.
 func WithNameServerProperty(key, value string) Option {
 	return optionFunc(func(c *clusterConfig) { c.nsProps[key] = value })
+}
+
+// WithBrokerSystemProperty sets a JVM system property of the broker
+// (-Dkey=value), for settings RocketMQ reads only from system properties,
+// such as rocketmq.broker.rebalance.lockMaxLiveTime (the queue lock
+// lifetime, 60000 ms by default).
+func WithBrokerSystemProperty(key, value string) Option {
+	return optionFunc(func(c *clusterConfig) { c.brokerSys[key] = value })
 }
 
 // WithBrokerName names the broker (default BrokerName).
@@ -88,6 +97,7 @@ type Cluster struct {
 	dist       *Dist
 	home       string
 	brokerHeap string
+	brokerSys  []string // -Dk=v flags of the broker JVM
 
 	mu struct {
 		sync.Mutex
@@ -103,11 +113,14 @@ type Cluster struct {
 // bootTimeout. The caller must Close the cluster.
 func (d *Dist) StartCluster(ctx context.Context, dir string, opts ...Option) (*Cluster, error) {
 	cfg := clusterConfig{brokerName: BrokerName, brokerProps: map[string]string{}, nsProps: map[string]string{},
-		brokerHeap: "320m", nsHeap: "128m", files: map[string]string{}}
+		brokerHeap: "320m", nsHeap: "128m", files: map[string]string{}, brokerSys: map[string]string{}}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
 	c := &Cluster{BrokerName: cfg.brokerName, ClusterName: ClusterName, Dir: dir, dist: d, home: d.Home, brokerHeap: cfg.brokerHeap}
+	for _, k := range slices.Sorted(maps.Keys(cfg.brokerSys)) {
+		c.brokerSys = append(c.brokerSys, "-D"+k+"="+cfg.brokerSys[k])
+	}
 	if len(cfg.files) > 0 {
 		c.home = filepath.Join(dir, "home")
 		if err := copyDir(filepath.Join(d.Home, "conf"), filepath.Join(c.home, "conf")); err != nil {
@@ -168,12 +181,12 @@ func (d *Dist) StartCluster(ctx context.Context, dir string, opts ...Option) (*C
 		return nil, err
 	}
 
-	nsProc, err := c.startJVM(ctx, "namesrv", cfg.nsHeap, "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", nsConf)
+	nsProc, err := c.startJVM(ctx, "namesrv", cfg.nsHeap, nil, "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", nsConf)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.ns = nsProc
-	bk, err := c.startJVM(ctx, "broker", c.brokerHeap, "org.apache.rocketmq.broker.BrokerStartup", "-c", c.brokerConf)
+	bk, err := c.startJVM(ctx, "broker", c.brokerHeap, c.brokerSys, "org.apache.rocketmq.broker.BrokerStartup", "-c", c.brokerConf)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -183,10 +196,10 @@ func (d *Dist) StartCluster(ctx context.Context, dir string, opts ...Option) (*C
 }
 
 // startJVM starts one of the cluster's JVMs and waits for "boot success".
-func (c *Cluster) startJVM(ctx context.Context, name, heap, mainClass string, args ...string) (*proc, error) {
+func (c *Cluster) startJVM(ctx context.Context, name, heap string, sysProps []string, mainClass string, args ...string) (*proc, error) {
 	jvm := []string{"-Xms" + heap, "-Xmx" + heap, "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC",
-		"-Duser.home=" + c.Dir, "-Drocketmq.home.dir=" + c.home, "-Djava.net.preferIPv4Stack=true",
-		"-cp", c.dist.Classpath(), mainClass}
+		"-Duser.home=" + c.Dir, "-Drocketmq.home.dir=" + c.home, "-Djava.net.preferIPv4Stack=true"}
+	jvm = append(append(jvm, sysProps...), "-cp", c.dist.Classpath(), mainClass)
 	cmd := exec.Command(c.dist.Java, append(jvm, args...)...)
 	cmd.Dir = c.Dir
 	cmd.Env = append(os.Environ(), "ROCKETMQ_HOME="+c.home)
@@ -233,7 +246,7 @@ func (c *Cluster) StartBroker(ctx context.Context) error {
 		return errors.New("javapeer: broker running or cluster closed")
 	}
 	c.mu.Unlock()
-	b, err := c.startJVM(ctx, "broker", c.brokerHeap, "org.apache.rocketmq.broker.BrokerStartup", "-c", c.brokerConf)
+	b, err := c.startJVM(ctx, "broker", c.brokerHeap, c.brokerSys, "org.apache.rocketmq.broker.BrokerStartup", "-c", c.brokerConf)
 	if err != nil {
 		return err
 	}

@@ -49,8 +49,15 @@ type Message struct {
 	// 3 = 10 s, … 18 = 2 h); 0 = none.
 	DelayLevel int
 	// DeliverTime asks RocketMQ 5 timer brokers to deliver at this time
-	// (TIMER_DELIVER_MS); zero = none. Exclusive with DelayLevel.
+	// (TIMER_DELIVER_MS); zero = none. Exclusive with DelayLevel and
+	// DeliverAfter.
 	DeliverTime time.Time
+	// DeliverAfter asks RocketMQ 5 timer brokers to deliver this long after
+	// they stored the message, by the broker's clock: TIMER_DELAY_SEC when it
+	// is a whole number of seconds, else TIMER_DELAY_MS (Java's
+	// setDelayTimeSec and setDelayTimeMs); zero = none. Exclusive with
+	// DelayLevel and DeliverTime. Brokers without timers (4.x) deliver at once.
+	DeliverAfter time.Duration
 	// ShardingKey orders messages: HashBySharding sends equal keys to one
 	// queue. It is also carried as the __SHARDINGKEY (Java) and SHARDING_KEY
 	// (rocketmq-client-go) properties.
@@ -722,8 +729,10 @@ func ValidateMessage(m *Message, maxBody int) error {
 		return fmt.Errorf("%w: body of %d bytes exceeds %d", ErrInvalidMessage, len(m.Body), maxBody)
 	case m.DelayLevel < 0 || m.DelayLevel > 99:
 		return fmt.Errorf("%w: delay level %d outside [0, 99]", ErrInvalidMessage, m.DelayLevel)
-	case m.DelayLevel > 0 && !m.DeliverTime.IsZero():
-		return fmt.Errorf("%w: DelayLevel and DeliverTime are exclusive", ErrInvalidMessage)
+	case m.DeliverAfter < 0:
+		return fmt.Errorf("%w: negative DeliverAfter %v", ErrInvalidMessage, m.DeliverAfter)
+	case (m.DelayLevel > 0 && !m.DeliverTime.IsZero()) || (m.DeliverAfter > 0 && (m.DelayLevel > 0 || !m.DeliverTime.IsZero())):
+		return fmt.Errorf("%w: DelayLevel, DeliverTime and DeliverAfter are exclusive", ErrInvalidMessage)
 	}
 	if m.Tags != "" {
 		if err := protocol.ValidateProperty(protocol.PropTags, m.Tags); err != nil {
@@ -757,8 +766,8 @@ func ValidateMessage(m *Message, maxBody int) error {
 }
 
 // appendMsgProps appends m's properties (user properties, TAGS, KEYS,
-// DELAY, TIMER_DELIVER_MS, __SHARDINGKEY and SHARDING_KEY, then UNIQ_KEY = id and extra) to
-// dst.
+// DELAY, TIMER_DELIVER_MS, TIMER_DELAY_SEC or TIMER_DELAY_MS, __SHARDINGKEY
+// and SHARDING_KEY, then UNIQ_KEY = id and extra) to dst.
 func appendMsgProps(dst []byte, m *Message, id []byte, extra ...string) []byte {
 	for k, v := range m.Properties {
 		dst = protocol.AppendProperty(dst, k, v)
@@ -787,6 +796,18 @@ func appendMsgProps(dst []byte, m *Message, id []byte, extra ...string) []byte {
 		dst = append(dst, protocol.PropTimerDeliverMS...)
 		dst = append(dst, protocol.PropNameValueSeparator)
 		dst = strconv.AppendInt(dst, m.DeliverTime.UnixMilli(), 10)
+		dst = append(dst, protocol.PropSeparator)
+	}
+	if d := m.DeliverAfter; d > 0 {
+		if d%time.Second == 0 {
+			dst = append(dst, protocol.PropTimerDelaySec...)
+			dst = append(dst, protocol.PropNameValueSeparator)
+			dst = strconv.AppendInt(dst, int64(d/time.Second), 10)
+		} else {
+			dst = append(dst, protocol.PropTimerDelayMS...)
+			dst = append(dst, protocol.PropNameValueSeparator)
+			dst = strconv.AppendInt(dst, max(d.Milliseconds(), 1), 10)
+		}
 		dst = append(dst, protocol.PropSeparator)
 	}
 	if m.ShardingKey != "" {
@@ -825,7 +846,7 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool, inject ...s
 	if len(msgs) == 1 {
 		var extra []string
 		if half {
-			if m.DelayLevel > 0 || !m.DeliverTime.IsZero() {
+			if m.DelayLevel > 0 || !m.DeliverTime.IsZero() || m.DeliverAfter > 0 {
 				return fmt.Errorf("%w: transactional messages cannot be delayed", ErrInvalidMessage)
 			}
 			extra = []string{protocol.PropTransactionPrepared, "true", protocol.PropProducerGroup, p.group}
@@ -866,7 +887,7 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool, inject ...s
 		switch {
 		case bm.Topic != m.Topic:
 			return fmt.Errorf("%w: a batch goes to one topic (%q and %q)", ErrInvalidMessage, m.Topic, bm.Topic)
-		case bm.DelayLevel > 0 || !bm.DeliverTime.IsZero():
+		case bm.DelayLevel > 0 || !bm.DeliverTime.IsZero() || bm.DeliverAfter > 0:
 			return fmt.Errorf("%w: delayed messages cannot be batched", ErrInvalidMessage)
 		case (bm.Queue == nil) != (m.Queue == nil) || (bm.Queue != nil && *bm.Queue != *m.Queue):
 			return fmt.Errorf("%w: a batch goes to one queue", ErrInvalidMessage)

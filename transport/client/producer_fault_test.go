@@ -172,6 +172,10 @@ func TestValidationBeforeSending(t *testing.T) {
 		"properties too long":   {{Topic: "T", Body: body, Properties: map[string]string{"k": long}}},
 		"negative delay":        {{Topic: "T", Body: body, DelayLevel: -1}},
 		"delay and timer":       {{Topic: "T", Body: body, DelayLevel: 1, DeliverTime: time.Now()}},
+		"delay and after":       {{Topic: "T", Body: body, DelayLevel: 1, DeliverAfter: time.Second}},
+		"timer and after":       {{Topic: "T", Body: body, DeliverTime: time.Now(), DeliverAfter: time.Second}},
+		"negative after":        {{Topic: "T", Body: body, DeliverAfter: -time.Second}},
+		"batch with after":      {{Topic: "T", Body: body}, {Topic: "T", Body: body, DeliverAfter: time.Second}},
 		"queue of other topic":  {{Topic: "T", Body: body, Queue: &protocol.MessageQueue{Topic: "U", BrokerName: "b"}}},
 		"batch of two topics":   {{Topic: "T", Body: body}, {Topic: "U", Body: body}},
 		"batch with delay":      {{Topic: "T", Body: body}, {Topic: "T", Body: body, DelayLevel: 2}},
@@ -198,6 +202,9 @@ func TestValidationBeforeSending(t *testing.T) {
 	}
 	if _, err := p.SendHalf(ctx, &Message{Topic: "T", Body: body, DelayLevel: 1}); !errors.Is(err, ErrInvalidMessage) {
 		t.Errorf("delayed half message: %v, want ErrInvalidMessage", err)
+	}
+	if _, err := p.SendHalf(ctx, &Message{Topic: "T", Body: body, DeliverAfter: time.Second}); !errors.Is(err, ErrInvalidMessage) {
+		t.Errorf("timed half message: %v, want ErrInvalidMessage", err)
 	}
 	// A valid message gets past validation and fails on the name server.
 	_, err = p.Send(ctx, &Message{Topic: "T", Body: body})
@@ -235,6 +242,33 @@ func TestClientOptionValidation(t *testing.T) {
 				c.Close()
 			}
 			t.Errorf("%s: New error %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+// TestDeliverAfterProperty: DeliverAfter goes out as TIMER_DELAY_SEC when
+// it is a whole number of seconds and as TIMER_DELAY_MS otherwise (Java's
+// Message.setDelayTimeSec / setDelayTimeMs), which the 5.x broker's timer
+// reads relative to its own clock.
+func TestDeliverAfterProperty(t *testing.T) {
+	for _, tc := range []struct {
+		after      time.Duration
+		key, value string
+	}{
+		{3 * time.Second, protocol.PropTimerDelaySec, "3"},
+		{1500 * time.Millisecond, protocol.PropTimerDelayMS, "1500"},
+		{time.Microsecond, protocol.PropTimerDelayMS, "1"},
+	} {
+		props := string(appendMsgProps(nil, &Message{Topic: "T", Body: []byte("b"), DeliverAfter: tc.after}, []byte("ID")))
+		if v, ok := protocol.PropertyValue(props, tc.key); !ok || v != tc.value {
+			t.Errorf("DeliverAfter %v: properties %q, want %s=%s", tc.after, props, tc.key, tc.value)
+		}
+		other := protocol.PropTimerDelayMS
+		if tc.key == other {
+			other = protocol.PropTimerDelaySec
+		}
+		if _, ok := protocol.PropertyValue(props, other); ok {
+			t.Errorf("DeliverAfter %v: both timer properties in %q", tc.after, props)
 		}
 	}
 }

@@ -80,7 +80,10 @@ func (s PullStatus) String() string {
 // one allocation with it, so keeping one message keeps the whole response
 // alive, and the buffer must not be modified. Clone what you keep long.
 // Compressed bodies are decompressed (into their own allocation) and their
-// SysFlag compressed bit cleared.
+// SysFlag compressed bit cleared. A record holding a whole batch (RocketMQ
+// 5 topics with queue.type=BatchCQ store a Java producer's batch as one
+// inner-batch record) is unwrapped into its messages, at consecutive queue
+// offsets, as Java's client does.
 type PullResult struct {
 	Status          PullStatus
 	NextBeginOffset int64
@@ -197,7 +200,8 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 	res.Messages = make([]protocol.MessageExt, 0, min(int(req.MaxMsgs), DefaultPullMaxMsgs))
 	var derr error
 	err = protocol.DecodeRecords(resp.Body, func(m *protocol.MessageExt) bool {
-		if tagFilter && !filter.Match(m.Tags()) {
+		inner := m.SysFlag&innerBatch == innerBatch
+		if !inner && tagFilter && !filter.Match(m.Tags()) {
 			return true
 		}
 		if m.Compressed() {
@@ -208,6 +212,17 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 			}
 			m.Body = body
 			m.SysFlag &^= protocol.SysFlagCompressed | protocol.SysFlagCompressionMask
+		}
+		if inner {
+			if err := unwrapInnerBatch(m, func(im *protocol.MessageExt) {
+				if !tagFilter || filter.Match(im.Tags()) {
+					res.Messages = append(res.Messages, *im)
+				}
+			}); err != nil {
+				derr = fmt.Errorf("client: pull %s: inner batch at offset %d: %w", req.Queue, m.QueueOffset, err)
+				return false
+			}
+			return true
 		}
 		res.Messages = append(res.Messages, *m)
 		return true
@@ -222,6 +237,29 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 		res.Status = PullNoMatchedMsg
 	}
 	return res, nil
+}
+
+// innerBatch marks a record that holds a whole batch (RocketMQ 5 topics
+// with queue.type=BatchCQ store a producer's batch so): both flags set.
+const innerBatch = protocol.SysFlagInnerBatch | protocol.SysFlagNeedUnwrap
+
+// unwrapInnerBatch calls fn with each message of the inner-batch record m,
+// as Java's client unwraps them (PullAPIWrapper, MessageDecoder.decodeMessage):
+// the batch item's flag, body and properties, at queue offset m.QueueOffset+i,
+// everything else (topic, queue, hosts, times, commit log offset) m's. The
+// messages alias m's body; SysFlagNeedUnwrap is cleared in them.
+func unwrapInnerBatch(m *protocol.MessageExt, fn func(*protocol.MessageExt)) error {
+	i := int64(0)
+	return protocol.DecodeBatch(m.Body, 0, func(flag int32, body []byte, props string) error {
+		im := *m
+		im.StoreSize, im.BodyCRC = 0, 0
+		im.QueueOffset = m.QueueOffset + i
+		im.Flag, im.Body, im.Properties = flag, body, props
+		im.SysFlag &^= protocol.SysFlagNeedUnwrap
+		i++
+		fn(&im)
+		return nil
+	})
 }
 
 // suggestedBroker returns the broker id the last pull of q suggested.
@@ -325,7 +363,9 @@ func (c *Client) SearchOffset(ctx context.Context, q protocol.MessageQueue, t ti
 
 // QueryConsumerOffset returns the offset group committed for q
 // (QUERY_CONSUMER_OFFSET); an error wrapping ErrNoOffset (and
-// protocol.ErrQueryNotFound) when it has none.
+// protocol.ErrQueryNotFound) when it has none. Apache RocketMQ 4.x brokers
+// ignore the request's setZeroIfNotFound=false and answer 0 instead while
+// the queue's first message is still in memory.
 func (c *Client) QueryConsumerOffset(ctx context.Context, group string, q protocol.MessageQueue) (int64, error) {
 	req := protocol.NewRequest(protocol.ReqQueryConsumerOffset)
 	h := protocol.QueryConsumerOffsetRequestHeader{ConsumerGroup: group, Topic: q.Topic, QueueID: q.QueueID,
@@ -346,7 +386,11 @@ func (c *Client) QueryConsumerOffset(ctx context.Context, group string, q protoc
 }
 
 // CommitOffset stores offset as group's consumed offset of q on its broker
-// (UPDATE_CONSUMER_OFFSET) and waits for the broker's answer.
+// (UPDATE_CONSUMER_OFFSET) and waits for the broker's answer. Apache
+// RocketMQ 5 brokers refuse it for a group they do not know yet
+// (SUBSCRIPTION_GROUP_NOT_EXIST): a group exists once a heartbeat or a pull
+// of it arrived (with autoCreateSubscriptionGroup, the default) or an admin
+// created it.
 func (c *Client) CommitOffset(ctx context.Context, group string, q protocol.MessageQueue, offset int64) error {
 	req := protocol.NewRequest(protocol.ReqUpdateConsumerOffset)
 	h := protocol.UpdateConsumerOffsetRequestHeader{ConsumerGroup: group, Topic: q.Topic, QueueID: q.QueueID,

@@ -226,8 +226,8 @@ func TestGoldenHeadersTyped(t *testing.T) {
 	if err := resp.Decode(decodeWhole(t, readHexFile(t, "send_response_java_json.hex"))); err != nil {
 		t.Fatal(err)
 	}
-	wantResp := SendMessageResponseHeader{MsgID: "0A00000500002A9F000000000000002A", QueueID: 1, QueueOffset: 42,
-		TransactionID: "0A0000050F5C1B6F2A9F0000000000000001", MsgRegion: "DefaultRegion", TraceOn: Some(true)}
+	wantResp := SendMessageResponseHeader{MsgID: "7F000001000098370000000000000000", QueueID: 1, QueueOffset: 0,
+		TransactionID: "FD00000000000000000000000000000265D54E0E2F2A03671B5D0000", MsgRegion: "DefaultRegion", TraceOn: Some(true)}
 	if resp != wantResp {
 		t.Fatalf("got  %+v\nwant %+v", resp, wantResp)
 	}
