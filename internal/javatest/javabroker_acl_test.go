@@ -183,7 +183,7 @@ func TestJavaBrokerACL(t *testing.T) {
 			t.Fatalf("signed batch: %v", err)
 		}
 		group := uniqueName(t, "g")
-		got := pullTopic(t, user, qs, group, 3, 20*time.Second)
+		got := pullQueuesTopic(t, user, qs, group, 3, 20*time.Second)
 		if m, ok := got[res.MsgID]; !ok || string(m.Body) != "signed" {
 			t.Fatalf("signed pull read %d messages, not the one sent", len(got))
 		}

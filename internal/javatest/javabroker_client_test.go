@@ -109,8 +109,8 @@ func TestJavaBrokerRoutes(t *testing.T) {
 	})
 }
 
-// sentMsg is what a test sent and what the broker answered.
-type sentMsg struct {
+// runnelSent is what a test sent and what the broker answered.
+type runnelSent struct {
 	msg *client.Message
 	res client.SendResult
 }
@@ -134,7 +134,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 				Keys: []string{"k-" + mode + "-" + strconv.Itoa(i), "second"}, Flag: int32(i),
 				Properties: map[string]string{"mode": mode, "i": strconv.Itoa(i), "uni": "ünï\tcode"}}
 		}
-		var sent []sentMsg
+		var sent []runnelSent
 		// sync
 		for i := range 4 {
 			m := mk("sync", i)
@@ -145,7 +145,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 			if res.Status != client.SendOK || res.Queue.BrokerName != c.BrokerName || res.BrokerAddr != c.Broker || res.RegionID == "" {
 				t.Fatalf("sync result %+v", res)
 			}
-			sent = append(sent, sentMsg{m, res})
+			sent = append(sent, runnelSent{m, res})
 		}
 		// async
 		var mu sync.Mutex
@@ -161,7 +161,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 					t.Errorf("async send %d: %v", i, err)
 					return
 				}
-				sent = append(sent, sentMsg{m, res})
+				sent = append(sent, runnelSent{m, res})
 			}, m)
 		}
 		wg.Wait()
@@ -181,7 +181,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 		for i, m := range batch {
 			r := bres
 			r.MsgID, r.OffsetMsgID, r.QueueOffset = ids[i], offIDs[i], bres.QueueOffset+int64(i)
-			sent = append(sent, sentMsg{m, r})
+			sent = append(sent, runnelSent{m, r})
 		}
 		// ordered: HashBySharding puts equal keys in one queue, in order.
 		op := newJavaProducer(t, cl, uniqueName(t, "pgo"), client.WithSelector(client.HashBySharding()))
@@ -197,7 +197,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 				t.Fatalf("sharding key %s went to queues %d and %d", m.ShardingKey, q, res.Queue.QueueID)
 			}
 			shardQueue[m.ShardingKey] = res.Queue.QueueID
-			sent = append(sent, sentMsg{m, res})
+			sent = append(sent, runnelSent{m, res})
 		}
 		// A selector of one's own, and an explicit queue.
 		sp := newJavaProducer(t, cl, uniqueName(t, "pgs"), client.WithSelector(client.SelectorFunc(func(m *client.Message, qs []protocol.MessageQueue) protocol.MessageQueue {
@@ -210,7 +210,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 		if res.Queue.QueueID != 3 {
 			t.Fatalf("selector chose the last queue, stored in %s", res.Queue)
 		}
-		sent = append(sent, sentMsg{mk("selector", 0), res})
+		sent = append(sent, runnelSent{mk("selector", 0), res})
 		qm := mk("queue", 0)
 		qm.Queue = &qs[2]
 		res, err = p.Send(ctx, qm)
@@ -220,7 +220,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 		if res.Queue != qs[2] {
 			t.Fatalf("explicit queue %s, stored in %s", qs[2], res.Queue)
 		}
-		sent = append(sent, sentMsg{qm, res})
+		sent = append(sent, runnelSent{qm, res})
 		// Compressed (a body over the 4 KiB threshold).
 		cm := mk("compressed", 0)
 		cm.Body = []byte(strings.Repeat("compress me ", 1000))
@@ -228,7 +228,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sent = append(sent, sentMsg{cm, res})
+		sent = append(sent, runnelSent{cm, res})
 		// one-way: no result; found by UNIQ_KEY-less matching below.
 		for i := range 3 {
 			if err := p.SendOneway(ctx, mk("oneway", i)); err != nil {
@@ -237,7 +237,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 		}
 
 		group := uniqueName(t, "readback")
-		got := pullTopic(t, cl, qs, group, len(sent)+3, 60*time.Second)
+		got := pullQueuesTopic(t, cl, qs, group, len(sent)+3, 60*time.Second)
 		if len(got) != len(sent)+3 {
 			t.Fatalf("read back %d messages, want %d", len(got), len(sent)+3)
 		}
@@ -246,7 +246,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 			if !ok {
 				t.Fatalf("message %s (%s) not read back", s.res.MsgID, s.msg.Body)
 			}
-			checkStored(t, c, s.msg, s.res, &m)
+			checkRunnelStored(t, c, s.msg, s.res, &m)
 			delete(got, s.res.MsgID)
 		}
 		oneway := 0
@@ -256,7 +256,7 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 			}
 			i, _ := m.Property("i")
 			n, _ := strconv.Atoi(i)
-			checkStored(t, c, mk("oneway", n), client.SendResult{MsgID: m.UniqKey(), OffsetMsgID: m.OffsetMsgID(),
+			checkRunnelStored(t, c, mk("oneway", n), client.SendResult{MsgID: m.UniqKey(), OffsetMsgID: m.OffsetMsgID(),
 				Queue: protocol.MessageQueue{Topic: topic, BrokerName: c.BrokerName, QueueID: m.QueueID}, QueueOffset: m.QueueOffset}, &m)
 			oneway++
 		}
@@ -266,9 +266,9 @@ func TestJavaBrokerProduceModes(t *testing.T) {
 	})
 }
 
-// checkStored compares a message read back from the Java broker with what
+// checkRunnelStored compares a message read back from the Java broker with what
 // was sent and what the broker's send response said.
-func checkStored(t *testing.T, c *javapeer.Cluster, sent *client.Message, res client.SendResult, m *protocol.MessageExt) {
+func checkRunnelStored(t *testing.T, c *javapeer.Cluster, sent *client.Message, res client.SendResult, m *protocol.MessageExt) {
 	t.Helper()
 	what := string(sent.Body)
 	if len(what) > 40 {
@@ -444,7 +444,7 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 		if _, err := p.Send(ctx, batch...); err != nil {
 			t.Fatal(err)
 		}
-		ours := pullTopic(t, cl, qs, uniqueName(t, "g"), n, 30*time.Second)
+		ours := pullQueuesTopic(t, cl, qs, uniqueName(t, "g"), n, 30*time.Second)
 		if len(ours) != n {
 			t.Fatalf("runnel read %d messages back, want %d", len(ours), n)
 		}
@@ -497,7 +497,7 @@ func TestJavaBrokerJavaClientAgrees(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		theirs := pullTopic(t, cl, jqs, uniqueName(t, "g"), 6, 30*time.Second)
+		theirs := pullQueuesTopic(t, cl, jqs, uniqueName(t, "g"), 6, 30*time.Second)
 		seen = 0
 		for _, ev := range sent {
 			if ev.Kind() != "sent" {

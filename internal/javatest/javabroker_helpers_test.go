@@ -165,7 +165,7 @@ func pullAll(t testing.TB, cl *client.Client, q protocol.MessageQueue, group str
 
 // pullTopic reads every queue of qs from offset 0 until want messages
 // arrived in all (or wait elapsed) and returns them by UNIQ_KEY.
-func pullTopic(t testing.TB, cl *client.Client, qs []protocol.MessageQueue, group string, want int, wait time.Duration) map[string]protocol.MessageExt {
+func pullQueuesTopic(t testing.TB, cl *client.Client, qs []protocol.MessageQueue, group string, want int, wait time.Duration) map[string]protocol.MessageExt {
 	t.Helper()
 	out := map[string]protocol.MessageExt{}
 	next := make([]int64, len(qs))

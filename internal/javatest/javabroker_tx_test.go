@@ -83,7 +83,7 @@ func TestJavaBrokerTransactions(t *testing.T) {
 
 		// Not visible before the end.
 		g := uniqueName(t, "g")
-		if got := pullTopic(t, cl, qs, g, 1, time.Second); len(got) != 0 {
+		if got := pullQueuesTopic(t, cl, qs, g, 1, time.Second); len(got) != 0 {
 			t.Fatalf("%d half messages visible before their end", len(got))
 		}
 		// Commit from another producer of the group, another client, with the
@@ -103,7 +103,7 @@ func TestJavaBrokerTransactions(t *testing.T) {
 		if err := p.EndTransaction(ctx, hRollback, false); err != nil {
 			t.Fatalf("rollback: %v", err)
 		}
-		got := pullTopic(t, cl, qs, g, 1, 20*time.Second)
+		got := pullQueuesTopic(t, cl, qs, g, 1, 20*time.Second)
 		m, ok := got[hCommit.MsgID]
 		if len(got) != 1 || !ok {
 			t.Fatalf("after commit and rollback read %d messages, want the committed one", len(got))
