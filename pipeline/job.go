@@ -71,6 +71,7 @@ type jobConfig struct {
 	workerGroup   string
 	snapshotEvery int
 	standbys      int
+	scaleFaults   ScaleoutFaults
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).

@@ -118,7 +118,7 @@ func startRepartTask[K comparable, T any](r *jobRun, t *taskInfo, n *node, in *i
 		return fmt.Errorf("pipeline: internal: repartition task is not a sender of %q", n.uid)
 	}
 	rt := &repartTask[K, T]{r: r, n: n, in: in, pool: pool, sender: sender, codec: codec, vcodec: vcodec,
-		src: &repartSource{c: sc.io.client, group: sc.io.group, q: sc.io.input, dec: sc.io.dec, pos: pos},
+		src: &repartSource{c: sc.io.client, group: sc.io.group, q: sc.io.input, dec: sc.io.dec, pos: pos, readUncommitted: sc.io.readUncommitted},
 		key: repartSplit, origins: map[string]int{}, wm: math.MinInt64}
 	for _, o := range sc.origins {
 		rt.origin(o)

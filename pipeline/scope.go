@@ -55,6 +55,8 @@ type scaleIO struct {
 	repart func(n *node) (topic string, queues []protocol.MessageQueue)
 	// input is the repartition queue a keyed stage's task reads.
 	input protocol.MessageQueue
+	// readUncommitted is ScaleoutFaults.ReadUncommitted.
+	readUncommitted bool
 }
 
 // isStageHead reports whether n heads a stage.

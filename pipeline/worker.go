@@ -53,6 +53,24 @@ func WorkerGroup(g string) JobOption { return jobOptionFunc(func(c *jobConfig) {
 // rebuilding the state from the broker's snapshot.
 func Standbys(n int) JobOption { return jobOptionFunc(func(c *jobConfig) { c.standbys = n }) }
 
+// ScaleoutFaults are deliberate defects of RunWorker's protocol, for
+// runnel's own crash tests, whose control variants must fail their oracles.
+// Never use them otherwise.
+type ScaleoutFaults struct {
+	// ReadUncommitted: keyed stages take repartition batches whether or not
+	// their origin's commit chain says they count.
+	ReadUncommitted bool
+	// SkipConfirm: a task's published checkpoint counts without reading
+	// its commit chain back, so a fenced owner goes on committing.
+	SkipConfirm bool
+}
+
+// InjectScaleoutFaults enables test-only protocol defects (see
+// ScaleoutFaults).
+func InjectScaleoutFaults(f ScaleoutFaults) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.scaleFaults = f })
+}
+
 // SnapshotEvery sets how many checkpoints of a task may follow its latest
 // snapshot in the broker before the next is written (RunWorker; default
 // 64): a restore on another worker reads the snapshot and at most this many
@@ -648,7 +666,8 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	tl := st.taskLog(id)
 	tr.setState("claiming")
 	cfg := scaleout.WriterConfig{Client: w.c, Producer: w.producer, Follower: w.follower, Group: w.group, Log: tl,
-		Worker: w.c.ClientID(), Fingerprint: w.fpHash, SnapshotEvery: w.cfg.snapshotEvery, Logger: w.log}
+		Worker: w.c.ClientID(), Fingerprint: w.fpHash, SnapshotEvery: w.cfg.snapshotEvery, Logger: w.log,
+		SkipConfirm: w.cfg.scaleFaults.SkipConfirm}
 	wr, base, err := scaleout.Claim(ctx, cfg)
 	if err != nil {
 		return err
@@ -690,7 +709,8 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	origins := slices.Clone(st.origins)
 	w.mu.Unlock()
 	sc := &taskScope{head: head, local: stageNodes(head), task: tl.Task, owner: wr.OwnerEpoch(), origins: origins,
-		io: &scaleIO{client: w.c, producer: w.producer, group: w.group, dec: w.follower, repart: w.repartOf}}
+		io: &scaleIO{client: w.c, producer: w.producer, group: w.group, dec: w.follower, repart: w.repartOf,
+			readUncommitted: w.cfg.scaleFaults.ReadUncommitted}}
 	if st.keyed {
 		queues := w.layoutOf(st).Queues(st.input)
 		r := indexOf(queues, tr.q)
