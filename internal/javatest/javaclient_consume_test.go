@@ -26,12 +26,15 @@ type feeder struct {
 	sent []sentMsg
 }
 
-func startFeeder(t *testing.T, ctx context.Context, p *consumePeer, qs []protocol.MessageQueue, every time.Duration, tag func(int) string) *feeder {
+// mk gives message i's tag and extra properties.
+func startFeeder(t *testing.T, ctx context.Context, p *consumePeer, qs []protocol.MessageQueue, every time.Duration,
+	mk func(i int) (string, map[string]string)) *feeder {
 	f := &feeder{done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		for i := 0; !f.stopping.Load() && i < 5000; i++ {
-			s, err := p.sendOne(ctx, qs[i%len(qs)], i, tag(i), nil)
+			tag, extra := mk(i)
+			s, err := p.sendOne(ctx, qs[i%len(qs)], i, tag, extra)
 			if err != nil {
 				f.err = fmt.Errorf("feeder: send %d: %w", i, err)
 				return
@@ -124,7 +127,7 @@ func testJavaClientPushRebalance(t *testing.T, version string) {
 			"--instance", instance}, extra...)
 	}
 	tag := func(i int) string { return fmt.Sprint("t", i%3) }
-	f := startFeeder(t, ctx, p, qs, 8*time.Millisecond, tag)
+	f := startFeeder(t, ctx, p, qs, 8*time.Millisecond, func(i int) (string, map[string]string) { return tag(i), nil })
 
 	const window = 1500 * time.Millisecond
 	a := startJava(t, ctx, dr, p.NameServer, "a", "push", args("a")...)

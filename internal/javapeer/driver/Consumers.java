@@ -72,8 +72,9 @@ final class Consumers {
     // t1_ns, n, ok), and exits once N distinct messages (by msgId) were
     // consumed successfully (N = 0: never), --stop-file appeared, or after
     // --timeout-ms with a "timeout" event. --fail-times makes the listener
-    // fail the first K deliveries of each message (of each message whose
-    // user property P is "true", with --fail-prop), answering
+    // fail the first K deliveries of each message (with --fail-prop P: of
+    // each message whose user property P is "true", and the first n of
+    // those whose P is an integer n; others never fail), answering
     // RECONSUME_LATER or SUSPEND_CURRENT_QUEUE_A_MOMENT. --sleep-ms sleeps
     // in the listener, per call.
     public static void push(Args a) throws Exception {
@@ -177,6 +178,15 @@ final class Consumers {
             this.received = received;
         }
 
+        // failures is how many deliveries of m the listener fails.
+        int failures(MessageExt m) {
+            if (failProp == null) return failTimes;
+            String v = m.getUserProperty(failProp);
+            if (v == null) return 0;
+            if ("true".equals(v)) return failTimes;
+            return Integer.parseInt(v);
+        }
+
         // consume records one delivery of each message and reports whether
         // the listener succeeds with all of them.
         boolean consume(List<MessageExt> msgs) {
@@ -184,8 +194,7 @@ final class Consumers {
             for (MessageExt m : msgs) {
                 received.incrementAndGet();
                 int n = deliveries.merge(key(m), 1, Integer::sum);
-                boolean fails = failProp == null || "true".equals(m.getUserProperty(failProp));
-                boolean mok = !fails || n > failTimes;
+                boolean mok = n > failures(m);
                 if (!quiet) {
                     Map<String, Object> ev = recvEvent(m);
                     ev.put("delivery", n);
