@@ -155,7 +155,7 @@ func (r *clientRegistry) processHeartbeat(ctx context.Context, rc *remoting.Requ
 		if gc, ok := r.b.groupConfig(cd.GroupName, true); ok {
 			notify = gc.NotifyConsumerIdsChangedEnable
 			if gc.RetryQueueNums > 0 {
-				if _, err := r.b.ensureTopic(ctx, retryTopic(cd.GroupName), gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite); err != nil {
+				if _, err := r.b.ensureTopicRegistered(ctx, retryTopic(cd.GroupName), gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite); err != nil {
 					errs = append(errs, fmt.Errorf("consumer group %q: retry topic: %w", cd.GroupName, err))
 				}
 			}
