@@ -37,21 +37,41 @@ func consumeDelayLevels() []time.Duration {
 	return levels
 }
 
-// codeCounter counts the requests runnel's broker received, by code (a
-// remoting interceptor: it sees every request before its processor).
+// codeCounter counts the requests runnel's broker received, by code, and
+// the single-message sends by topic (a remoting interceptor: it sees every
+// request before its processor).
 type codeCounter struct {
-	mu sync.Mutex
-	n  map[int32]int
+	mu    sync.Mutex
+	n     map[int32]int
+	sends map[string]int
 }
 
 func (c *codeCounter) intercept(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, bool) {
+	req := rc.Request()
+	var topic string
+	switch req.Code {
+	case protocol.ReqSendMessage:
+		topic, _ = req.Ext("topic")
+	case protocol.ReqSendMessageV2:
+		topic, _ = req.Ext("b")
+	}
 	c.mu.Lock()
 	if c.n == nil {
-		c.n = map[int32]int{}
+		c.n, c.sends = map[int32]int{}, map[string]int{}
 	}
-	c.n[rc.Request().Code]++
+	c.n[req.Code]++
+	if topic != "" {
+		c.sends[topic]++
+	}
 	c.mu.Unlock()
 	return nil, false
+}
+
+// sendsTo counts the single-message sends to topic.
+func (c *codeCounter) sendsTo(topic string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sends[topic]
 }
 
 func (c *codeCounter) count(code int32) int {
@@ -84,6 +104,8 @@ func startConsumePeer(t *testing.T, opts ...broker.Option) *consumePeer {
 // sentMsg is a message runnel's client sent for a Java consumer.
 type sentMsg struct {
 	id    string // UNIQ_KEY: the Java client's msgId
+	offID string // the broker's offset message id
+	topic string
 	i     int
 	body  string
 	tag   string
@@ -106,7 +128,7 @@ func (p *consumePeer) sendOne(ctx context.Context, q protocol.MessageQueue, i in
 	if err != nil {
 		return sentMsg{}, err
 	}
-	return sentMsg{id: r.MsgID, i: i, body: string(m.Body), tag: tag, key: m.Keys[0], props: props,
+	return sentMsg{id: r.MsgID, offID: r.OffsetMsgID, topic: q.Topic, i: i, body: string(m.Body), tag: tag, key: m.Keys[0], props: props,
 		queue: r.Queue.QueueID, off: r.QueueOffset}, nil
 }
 
@@ -258,12 +280,15 @@ func (r *javaRun) kill() {
 	<-r.exited
 }
 
-// recvMsg checks a Java delivery against what runnel's client sent: body,
-// tag, keys and every user property, the queue and its offset.
+// checkRecv checks a Java delivery against what runnel's client sent:
+// body, tag, keys and every user property, the queue and its offset.
 func checkRecv(t *testing.T, who string, ev javapeer.Event, s sentMsg) {
 	t.Helper()
-	if ev.Str("body") != s.body || ev.Str("tags") != s.tag || ev.Str("keys") != s.key ||
-		int32(ev.Int("q")) != s.queue || ev.Int("qoff") != s.off {
+	// A redelivery comes from %RETRY%<group>: its queue and offset are
+	// that topic's.
+	first := ev.Int("reconsume") == 0
+	if ev.Str("topic") != s.topic || ev.Str("body") != s.body || ev.Str("tags") != s.tag || ev.Str("keys") != s.key ||
+		(first && (int32(ev.Int("q")) != s.queue || ev.Int("qoff") != s.off)) {
 		t.Errorf("%s received %v\nfor sent %+v", who, ev, s)
 	}
 	props := ev.Props()
