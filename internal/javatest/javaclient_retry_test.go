@@ -106,8 +106,9 @@ func testJavaClientRetryDLQ(t *testing.T, version string) {
 				if j == 0 {
 					continue
 				}
-				if ev.Props()["RETRY_TOPIC"] != topic {
-					t.Errorf("%s: redelivery of message %d without RETRY_TOPIC=%s: %v", r.name, s.i, topic, ev.Props())
+				// What a Java broker's send-back adds to the copy.
+				if pr := ev.Props(); pr["RETRY_TOPIC"] != topic || pr["WAIT"] != "false" || pr["ORIGIN_MESSAGE_ID"] != s.offID {
+					t.Errorf("%s: redelivery of message %d, want RETRY_TOPIC=%s WAIT=false ORIGIN_MESSAGE_ID=%s: %v", r.name, s.i, topic, s.offID, pr)
 				}
 				gap := time.Duration(ev.Int("t_ns") - evs[j-1].Int("t_ns"))
 				if level := time.Duration(3+j-1) * consumeDelayLevel; gap < level*9/10 {
@@ -142,6 +143,9 @@ func testJavaClientRetryDLQ(t *testing.T, version string) {
 		checkDead(t, m, s, topic)
 		if v, _ := m.Property("ORIGIN_MESSAGE_ID"); v != s.offID {
 			t.Errorf("dead letter of message %d: ORIGIN_MESSAGE_ID %q, want the original's offset message id %s", s.i, v, s.offID)
+		}
+		if v, _ := m.Property("WAIT"); v != "false" {
+			t.Errorf("dead letter of message %d: WAIT %q, want false (as a Java broker's send-back stores it)", s.i, v)
 		}
 		if m.Topic != dlqQ.Topic || m.ReconsumeTimes != 2 {
 			t.Errorf("dead letter of message %d: topic %s reconsume times %d, want %s and 2", s.i, m.Topic, m.ReconsumeTimes, dlqQ.Topic)

@@ -137,6 +137,9 @@ func (r *retrier) processSendBack(ctx context.Context, rc *remoting.RequestCtx) 
 	if _, ok := orig.Property(protocol.PropRetryTopic); !ok {
 		m.SetProperty(protocol.PropRetryTopic, orig.Topic)
 	}
+	// Java's consumerSendMsgBack clears waitStoreMsgOK on the copy it
+	// stores (retry or dead letter): consumers see WAIT=false there.
+	m.SetProperty(protocol.PropWaitStoreMsgOK, "false")
 	if v, ok := orig.Property(protocol.PropOriginMessageID); !ok || v == "" {
 		m.SetProperty(protocol.PropOriginMessageID, orig.OffsetMsgID())
 	}
