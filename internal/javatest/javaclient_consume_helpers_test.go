@@ -265,12 +265,20 @@ func (r *javaRun) wait(t *testing.T) {
 }
 
 // stop asks the driver to shut its consumer down cleanly and waits.
-func (r *javaRun) stop(t *testing.T) {
+func (r *javaRun) stop(t *testing.T) { t.Helper(); stopAll(t, r) }
+
+// stopAll asks every run to shut down cleanly, then waits for each (the
+// shutdowns overlap).
+func stopAll(t *testing.T, runs ...*javaRun) {
 	t.Helper()
-	if err := os.WriteFile(r.stopFile, nil, 0o644); err != nil {
-		t.Fatal(err)
+	for _, r := range runs {
+		if err := os.WriteFile(r.stopFile, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	r.wait(t)
+	for _, r := range runs {
+		r.wait(t)
+	}
 }
 
 // kill SIGKILLs the JVM (no clean shutdown: offsets not persisted since

@@ -18,7 +18,7 @@ import (
 // exactly the rest; assign mode with seek reads from the offsets sought.
 func TestJavaClientLitePull(t *testing.T) {
 	for _, v := range []string{javapeer.Version5, javapeer.Version4} {
-		t.Run(v, func(t *testing.T) { testJavaClientLitePull(t, v) })
+		t.Run(v, func(t *testing.T) { t.Parallel(); testJavaClientLitePull(t, v) })
 	}
 }
 
@@ -53,6 +53,20 @@ func testJavaClientLitePull(t *testing.T, version string) {
 		}
 		return got, next
 	}
+
+	// Assign every queue, seek queues 1 and 2: from 0 on queues 0 and 3
+	// (no committed offset, consume from first), from 5 and 7 on 1 and 2;
+	// in a group of its own, beside the subscribe runs below.
+	group2 := uniqueName(t, "G2")
+	seek := map[int32]int64{1: 5, 2: 7}
+	want := map[string]bool{}
+	for _, s := range sent {
+		if s.off >= seek[s.queue] {
+			want[s.id] = true
+		}
+	}
+	assigned := startJava(t, ctx, dr, p.NameServer, "assign", "litepull", "--topic", topic, "--group", group2,
+		"--mode", "assign", "--seek", "1:5,2:7", "--count", strconv.Itoa(len(want)), "--timeout-ms", "60000")
 
 	// Subscribe, poll at least 12 (batches of 3 per queue), commitSync.
 	first := startJava(t, ctx, dr, p.NameServer, "first", "litepull", "--topic", topic, "--group", group,
@@ -93,18 +107,6 @@ func testJavaClientLitePull(t *testing.T, version string) {
 		t.Errorf("after the second consumer's commit, offsets on the broker %v, want the queues' ends %v", off, ends)
 	}
 
-	// Assign every queue, seek queues 1 and 2: from 0 on queues 0 and 3
-	// (no committed offset, consume from first), from 5 and 7 on 1 and 2.
-	group2 := uniqueName(t, "G2")
-	seek := map[int32]int64{1: 5, 2: 7}
-	want := map[string]bool{}
-	for _, s := range sent {
-		if s.off >= seek[s.queue] {
-			want[s.id] = true
-		}
-	}
-	assigned := startJava(t, ctx, dr, p.NameServer, "assign", "litepull", "--topic", topic, "--group", group2,
-		"--mode", "assign", "--seek", "1:5,2:7", "--count", strconv.Itoa(len(want)), "--timeout-ms", "60000")
 	assigned.wait(t)
 	got3, _ := polled(assigned)
 	for id := range got3 {

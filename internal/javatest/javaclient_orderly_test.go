@@ -136,7 +136,7 @@ func TestJavaClientOrderly(t *testing.T) {
 
 func testJavaClientOrderly(t *testing.T, version string) {
 	d := javapeer.RequireVersion(t, version)
-	const lockExpiry = 5 * time.Second
+	const lockExpiry = 4 * time.Second // renewed every second (--lock-interval-ms)
 	p := startConsumePeer(t, broker.WithLockExpiry(lockExpiry))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -159,7 +159,7 @@ func testJavaClientOrderly(t *testing.T, version string) {
 		}
 		return "o", nil
 	})
-	const window = 2 * time.Second
+	const window = 1500 * time.Millisecond
 	a := startJava(t, ctx, dr, p.NameServer, "a", "push", args("a")...)
 	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return checkShared(4, window, a) })
 	b := startJava(t, ctx, dr, p.NameServer, "b", "push", args("b")...)

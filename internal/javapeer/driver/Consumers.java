@@ -39,6 +39,10 @@ import dev.runnel.javapeer.Driver.Args;
 //                        queue that still holds pulled messages)
 //   --persist-ms D       setPersistConsumerOffsetInterval (5 s)
 //   --heartbeat-ms D     setHeartbeatBrokerInterval (30 s)
+//   --heartbeat-v2 true  com.rocketmq.heartbeat.v2 (5.x): heartbeats without
+//                        subscriptions while the broker says they are unchanged
+//   --from first|last|timestamp [--consume-timestamp yyyyMMddHHmmss]
+//                        where a group without a committed offset starts
 //   --stop-file F        run until the file F exists (checked every 50 ms), then shut
 //                        down cleanly (offsets persisted, client unregistered)
 final class Consumers {
@@ -51,6 +55,18 @@ final class Consumers {
         if (a.has("rebalance-ms")) System.setProperty("rocketmq.client.rebalance.waitInterval", a.get("rebalance-ms", ""));
         if (a.has("lock-interval-ms")) System.setProperty("rocketmq.client.rebalance.lockInterval", a.get("lock-interval-ms", ""));
         if (a.has("unlock-delay-ms")) System.setProperty("rocketmq.client.unlockDelayTimeMills", a.get("unlock-delay-ms", ""));
+        // ClientConfig.HEART_BEAT_V2 (5.x; 4.9 has no heartbeat v2)
+        if (a.bool("heartbeat-v2")) System.setProperty("com.rocketmq.heartbeat.v2", "true");
+    }
+
+    // consumeFromWhere maps --from first|last|timestamp; timestamp takes
+    // --consume-timestamp yyyyMMddHHmmss (the client's format).
+    static ConsumeFromWhere consumeFromWhere(Args a) {
+        switch (a.get("from", "first")) {
+            case "last": return ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET;
+            case "timestamp": return ConsumeFromWhere.CONSUME_FROM_TIMESTAMP;
+            default: return ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET;
+        }
     }
 
     // stopRequested reports whether the --stop-file exists.
@@ -63,7 +79,7 @@ final class Consumers {
     // push --topic T --group G [--mode concurrent|orderly]
     //   [--model clustering|broadcasting] [--count N] [--timeout-ms D]
     //   [--expr TAGEXPR | --sql SQL92] [--fail-times K] [--fail-prop P]
-    //   [--max-reconsume M] [--suspend-ms D] [--from first|last] [--batch B]
+    //   [--max-reconsume M] [--suspend-ms D] [--batch B]
     //   [--sleep-ms S] [--threads N] [--instance I] [--quiet true]
     // Prints "started", a "recv" event per delivery (redeliveries included,
     // with "delivery" (1, 2, …), "ok" (what the listener answers), "t_ms"
@@ -90,7 +106,8 @@ final class Consumers {
         c.setNamesrvAddr(a.req("namesrv"));
         c.setInstanceName(a.get("instance", "javapeer-" + ProcessHandle.current().pid()));
         setMessageModel(c, "broadcasting".equals(a.get("model", "clustering")) ? "BROADCASTING" : "CLUSTERING");
-        c.setConsumeFromWhere("last".equals(a.get("from", "first")) ? ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET : ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setConsumeFromWhere(consumeFromWhere(a));
+        if (a.has("consume-timestamp")) c.setConsumeTimestamp(a.get("consume-timestamp", ""));
         c.setConsumeMessageBatchMaxSize(a.num("batch", 1));
         if (a.has("max-reconsume")) c.setMaxReconsumeTimes(a.num("max-reconsume", 16));
         if (a.has("suspend-ms")) c.setSuspendCurrentQueueTimeMillis(a.num("suspend-ms", 1000));
@@ -244,7 +261,7 @@ final class Consumers {
 
     // litepull --topic T --group G [--mode subscribe|assign] [--count N]
     //   [--timeout-ms D] [--seek Q:OFF,...] [--commit sync|auto|none]
-    //   [--from first|last] [--expr TAGEXPR] [--pull-batch B]
+    //   [--expr TAGEXPR] [--pull-batch B]
     //   [--model clustering|broadcasting] [--instance I]
     // Polls until N messages arrived (printing "recv" events), then commits
     // as --commit says (commitSync; auto commits on the client's own
@@ -262,7 +279,8 @@ final class Consumers {
         c.setInstanceName(a.get("instance", "javapeer-" + ProcessHandle.current().pid()));
         String commit = a.get("commit", "sync");
         c.setAutoCommit("auto".equals(commit));
-        c.setConsumeFromWhere("last".equals(a.get("from", "first")) ? ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET : ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setConsumeFromWhere(consumeFromWhere(a));
+        if (a.has("consume-timestamp")) c.setConsumeTimestamp(a.get("consume-timestamp", ""));
         if (a.has("pull-batch")) c.setPullBatchSize(a.num("pull-batch", 10));
         if (a.has("persist-ms")) c.setPersistConsumerOffsetInterval(a.num("persist-ms", 5000));
         if (a.has("model")) setMessageModel(c, "broadcasting".equals(a.get("model", "")) ? "BROADCASTING" : "CLUSTERING");
