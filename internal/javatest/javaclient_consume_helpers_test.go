@@ -118,11 +118,17 @@ type sentMsg struct {
 // sendOne sends message i of the test to queue q: body "<topic>-<i>", key
 // "k<i>", user properties "i" and extra.
 func (p *consumePeer) sendOne(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string) (sentMsg, error) {
+	return p.sendBody(ctx, q, i, tag, extra, fmt.Appendf(nil, "%s-%d", q.Topic, i))
+}
+
+// sendBody is sendOne with the given body (runnel's producer compresses
+// bodies of 4 KiB and more, as Java's does).
+func (p *consumePeer) sendBody(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string, body []byte) (sentMsg, error) {
 	props := map[string]string{"i": strconv.Itoa(i), "javapeer_case": "consume"}
 	for k, v := range extra {
 		props[k] = v
 	}
-	m := &client.Message{Topic: q.Topic, Body: fmt.Appendf(nil, "%s-%d", q.Topic, i), Tags: tag,
+	m := &client.Message{Topic: q.Topic, Body: body, Tags: tag,
 		Keys: []string{fmt.Sprint("k", i)}, Properties: props, Queue: &q}
 	r, err := p.prod.Send(ctx, m)
 	if err != nil {

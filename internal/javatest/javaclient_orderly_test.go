@@ -304,8 +304,12 @@ func testJavaClientOrderly(t *testing.T, version string) {
 func checkDead(t *testing.T, m protocol.MessageExt, s sentMsg, topic string) {
 	t.Helper()
 	prop := func(k string) string { v, _ := m.Property(k); return v }
-	if string(m.Body) != s.body || prop("TAGS") != s.tag || prop("KEYS") != s.key || m.MsgID() != s.id {
-		t.Errorf("dead letter %s body %q tags %q keys %q, sent %+v", m.MsgID(), m.Body, prop("TAGS"), prop("KEYS"), s)
+	body, err := m.DecompressedBody(16 << 20)
+	if err != nil {
+		t.Errorf("dead letter %s: body: %v", m.MsgID(), err)
+	}
+	if string(body) != s.body || prop("TAGS") != s.tag || prop("KEYS") != s.key || m.MsgID() != s.id {
+		t.Errorf("dead letter %s body %.40q tags %q keys %q, sent %.200v", m.MsgID(), body, prop("TAGS"), prop("KEYS"), s)
 	}
 	for k, v := range s.props {
 		if prop(k) != v {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,7 +44,14 @@ func testJavaClientRetryDLQ(t *testing.T, version string) {
 	retryGroup, dlqGroup := uniqueName(t, "Gretry"), uniqueName(t, "Gdlq")
 	qs := testutil.CreateTopic(t, p.client, p.BrokerAddr, topic, 2)
 	const n, failTimes = 6, 3
-	sent := p.sendN(t, ctx, qs, 0, n, func(i int) string { return "r" })
+	sent := p.sendN(t, ctx, qs, 0, n-1, func(i int) string { return "r" })
+	// One of them large enough to be compressed by the producer: the
+	// copies the broker stores on send-back keep body and flag as stored.
+	big, err := p.sendBody(ctx, qs[0], n-1, "r", nil, []byte(strings.Repeat("compressible body ", 600)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent = append(sent, big)
 	ids := bySent(sent)
 	dr := d.NewDriver(t)
 	// A new group's first rebalance finds no route of %RETRY%<group> yet
@@ -130,6 +138,11 @@ func testJavaClientRetryDLQ(t *testing.T, version string) {
 	for _, g := range []string{retryGroup, dlqGroup} {
 		if got := p.codes.sendsTo("%RETRY%" + g); got != 0 {
 			t.Errorf("%d messages sent to %%RETRY%%%s by the client: a send-back failed", got, g)
+		}
+		// The retries were consumed and committed like any queue's.
+		rq := []protocol.MessageQueue{{Topic: "%RETRY%" + g, BrokerName: testutil.BrokerName, QueueID: 0}}
+		if ends, off := p.maxOffsets(t, ctx, rq), p.brokerOffsets(t, ctx, g, rq); !mapsEqual(ends, off) || ends[0] == 0 {
+			t.Errorf("%%RETRY%%%s: committed offset %v, want its end %v", g, off, ends)
 		}
 	}
 
