@@ -118,7 +118,13 @@ func testJavaClientBroadcastTags(t *testing.T, version string) {
 // enablePropertyFilter (CHECK_CLIENT_CONFIG answered SYSTEM_ERROR "The
 // broker does not support consumer to filter message by SQL92").
 func TestJavaClientSQL92Refused(t *testing.T) {
-	d := javapeer.RequireVersion(t, javapeer.Version5)
+	for _, v := range []string{javapeer.Version5, javapeer.Version4} {
+		t.Run(v, func(t *testing.T) { t.Parallel(); testJavaClientSQL92Refused(t, v) })
+	}
+}
+
+func testJavaClientSQL92Refused(t *testing.T, version string) {
+	d := javapeer.RequireVersion(t, version)
 	p := startConsumePeer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

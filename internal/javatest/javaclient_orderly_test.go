@@ -165,9 +165,9 @@ func testJavaClientOrderly(t *testing.T, version string) {
 	b := startJava(t, ctx, dr, p.NameServer, "b", "push", args("b")...)
 	b.waitStarted(t)
 	testutil.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error { return checkShared(4, window, a, b) })
-	unlocks := p.codes.count(protocol.ReqUnlockBatchMq)
-	if unlocks == 0 {
-		t.Errorf("a gave queues up to b without UNLOCK_BATCH_MQ")
+	if p.codes.count(protocol.ReqLockBatchMq) == 0 || p.codes.count(protocol.ReqUnlockBatchMq) == 0 {
+		t.Errorf("a gave queues up to b with %d LOCK_BATCH_MQ and %d UNLOCK_BATCH_MQ requests",
+			p.codes.count(protocol.ReqLockBatchMq), p.codes.count(protocol.ReqUnlockBatchMq))
 	}
 	a.kill()
 	killed := time.Now()
