@@ -75,14 +75,20 @@ func (r *registrar) endGen(g uint64, accepted bool) {
 	r.gen.changed = make(chan struct{})
 }
 
-// awaitNext asks for a registration and waits until the name server has
-// accepted one that started after the call (so its snapshot holds every
-// topic published before it), or ctx ends.
-func (r *registrar) awaitNext(ctx context.Context) error {
+// askNext asks for a registration and returns the number it will have at
+// the latest: the first one to take its snapshot after the call, which
+// therefore holds every topic published before it.
+func (r *registrar) askNext() uint64 {
 	r.gen.Lock()
 	want := r.gen.started + 1
 	r.gen.Unlock()
 	r.signal()
+	return want
+}
+
+// awaitGen waits until the name server has accepted registration want or
+// a later one, or ctx ends.
+func (r *registrar) awaitGen(ctx context.Context, want uint64) error {
 	for {
 		r.gen.Lock()
 		ok, changed := r.gen.ok, r.gen.changed
@@ -93,6 +99,8 @@ func (r *registrar) awaitNext(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-r.b.regCtx.Done(): // registrations stopped (shutdown)
+			return r.b.regCtx.Err()
 		case <-changed:
 		}
 	}
@@ -114,8 +122,12 @@ func (b *Broker) awaitRegistered(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, registerNowTimeout)
 	defer cancel()
-	for _, r := range b.regs {
-		if err := r.awaitNext(ctx); err != nil {
+	want := make([]uint64, len(b.regs))
+	for i, r := range b.regs {
+		want[i] = r.askNext()
+	}
+	for i, r := range b.regs {
+		if err := r.awaitGen(ctx, want[i]); err != nil {
 			b.log.Debug("broker: new topic not registered in time; registration goes on", "namesrv", r.addr, "err", err)
 			return
 		}

@@ -16,37 +16,52 @@ import (
 // first heartbeat, %RETRY% and %DLQ% on a send-back) are on the name
 // server when the request is answered, as a Java broker does
 // (createTopicInSendMessageBackMethod registers before it returns): the
-// official Java push consumer looks %RETRY%<group> up right after its first
-// heartbeat and, missing it then, pulls no retries until its next
-// rebalance. The name server here answers registrations slowly, so a
-// registration made in the background is not there yet.
+// official Java push consumer looks %RETRY%<group> up in its first
+// rebalance, right after its first heartbeat, and missing it then learns
+// the route only from its route poll, 30 s later. The name servers here
+// answer registrations slowly, so a registration made in the background is
+// not there yet.
 func TestBrokerNewRetryTopicRegisteredBeforeReply(t *testing.T) {
 	subLeakCheck(t)
 	var slow atomic.Bool
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()),
-		namesrv.WithRemotingOptions(remoting.WithInterceptor(func(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, bool) {
-			if rc.Request().Code == protocol.ReqRegisterBroker && slow.Load() {
-				time.Sleep(300 * time.Millisecond)
-			}
-			return nil, false
-		})))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := ns.Start(ctx); err != nil {
-		t.Fatal(err)
+	// Two name servers, each answering registrations slowly once armed:
+	// the broker must wait for both.
+	var addrs []string
+	for range 2 {
+		ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()),
+			namesrv.WithRemotingOptions(remoting.WithInterceptor(func(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, bool) {
+				if rc.Request().Code == protocol.ReqRegisterBroker && slow.Load() {
+					time.Sleep(700 * time.Millisecond)
+				}
+				return nil, false
+			})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ns.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ns.Close() })
+		addrs = append(addrs, ns.Addr())
 	}
-	t.Cleanup(func() { _ = ns.Close() })
-	b := subBroker(t, t.TempDir(), &subClock{}, WithNameServers(ns.Addr()))
-	nc := dial(t, ns.Addr())
+	b := subBroker(t, t.TempDir(), &subClock{}, WithNameServers(addrs...))
+	var ncs []*remoting.Conn
+	for _, a := range addrs {
+		ncs = append(ncs, dial(t, a))
+	}
 	routed := func(topic string) bool {
-		req := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
-		(&protocol.GetRouteInfoRequestHeader{Topic: topic}).Encode(req)
-		return invoke(t, nc, req).Code == protocol.ResSuccess
+		for _, nc := range ncs {
+			req := protocol.NewRequest(protocol.ReqGetRouteInfoByTopic)
+			(&protocol.GetRouteInfoRequestHeader{Topic: topic}).Encode(req)
+			if invoke(t, nc, req).Code != protocol.ResSuccess {
+				return false
+			}
+		}
+		return true
 	}
-	waitFor(t, 10*time.Second, "the broker's first registration", func() bool { return routed("TBW102") })
+	waitFor(t, 10*time.Second, "the broker's first registrations", func() bool { return routed("TBW102") })
 	slow.Store(true)
 
 	c := subDial(t, b, "10.0.0.7@1")
@@ -54,7 +69,7 @@ func TestBrokerNewRetryTopicRegisteredBeforeReply(t *testing.T) {
 		t.Fatalf("heartbeat: %d %s", resp.Code, resp.Remark)
 	}
 	if !routed("%RETRY%cg_new") {
-		t.Errorf("heartbeat answered before %s, which it created, was on the name server", "%RETRY%cg_new")
+		t.Errorf("heartbeat answered before %s, which it created, was on the name servers", "%RETRY%cg_new")
 	}
 
 	_, phys := physOf(t, c.invoke(t, sendReq("T", 0, []byte("x"), "")))
@@ -63,7 +78,7 @@ func TestBrokerNewRetryTopicRegisteredBeforeReply(t *testing.T) {
 	}
 	for _, topic := range []string{"%RETRY%cg_back", "%DLQ%cg_back"} {
 		if !routed(topic) {
-			t.Errorf("send-back answered before %s, which it created, was on the name server", topic)
+			t.Errorf("send-back answered before %s, which it created, was on the name servers", topic)
 		}
 	}
 }

@@ -55,10 +55,10 @@ func groupNotExist(group string) error {
 // when it creates the topic it waits, bounded, until the name servers
 // have it (awaitRegistered), as a Java broker does
 // (createTopicInSendMessageBackMethod registers before it returns). A Java
-// push consumer looks the route of %RETRY%<group> up right after its first
-// heartbeat; a route still missing then is not looked up again until the
-// client's next rebalance, 20 s later, and retries wait that long. It must
-// not run on a connection's reader goroutine.
+// push consumer looks the route of %RETRY%<group> up in its first
+// rebalance, right after its first heartbeat; a route still missing then
+// is learnt only from the client's route poll, 30 s later, and retries wait
+// that long. It must not run on a connection's reader goroutine.
 func (b *Broker) ensureTopicRegistered(ctx context.Context, name string, queues, perm int32) (TopicConfig, error) {
 	if tc, ok := b.topics.get(name); ok {
 		return tc, nil
