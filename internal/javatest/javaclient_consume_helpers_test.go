@@ -101,8 +101,8 @@ func startConsumePeer(t *testing.T, opts ...broker.Option) *consumePeer {
 	return &consumePeer{Cluster: cl, client: c, prod: testutil.NewProducer(t, c, "runnel_feeder"), codes: cc}
 }
 
-// sentMsg is a message runnel's client sent for a Java consumer.
-type sentMsg struct {
+// fedMsg is a message runnel's client fed a Java consumer.
+type fedMsg struct {
 	id    string // UNIQ_KEY: the Java client's msgId
 	offID string // the broker's offset message id
 	topic string
@@ -117,13 +117,13 @@ type sentMsg struct {
 
 // sendOne sends message i of the test to queue q: body "<topic>-<i>", key
 // "k<i>", user properties "i" and extra.
-func (p *consumePeer) sendOne(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string) (sentMsg, error) {
+func (p *consumePeer) sendOne(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string) (fedMsg, error) {
 	return p.sendBody(ctx, q, i, tag, extra, fmt.Appendf(nil, "%s-%d", q.Topic, i))
 }
 
 // sendBody is sendOne with the given body (runnel's producer compresses
 // bodies of 4 KiB and more, as Java's does).
-func (p *consumePeer) sendBody(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string, body []byte) (sentMsg, error) {
+func (p *consumePeer) sendBody(ctx context.Context, q protocol.MessageQueue, i int, tag string, extra map[string]string, body []byte) (fedMsg, error) {
 	props := map[string]string{"i": strconv.Itoa(i), "javapeer_case": "consume"}
 	for k, v := range extra {
 		props[k] = v
@@ -132,17 +132,17 @@ func (p *consumePeer) sendBody(ctx context.Context, q protocol.MessageQueue, i i
 		Keys: []string{fmt.Sprint("k", i)}, Properties: props, Queue: &q}
 	r, err := p.prod.Send(ctx, m)
 	if err != nil {
-		return sentMsg{}, err
+		return fedMsg{}, err
 	}
-	return sentMsg{id: r.MsgID, offID: r.OffsetMsgID, topic: q.Topic, i: i, body: string(m.Body), tag: tag, key: m.Keys[0], props: props,
+	return fedMsg{id: r.MsgID, offID: r.OffsetMsgID, topic: q.Topic, i: i, body: string(m.Body), tag: tag, key: m.Keys[0], props: props,
 		queue: r.Queue.QueueID, off: r.QueueOffset}, nil
 }
 
 // sendN sends messages from..from+n-1, message i to qs[i%len(qs)], tagged
 // tag(i) (nil: no tag).
-func (p *consumePeer) sendN(t *testing.T, ctx context.Context, qs []protocol.MessageQueue, from, n int, tag func(int) string) []sentMsg {
+func (p *consumePeer) sendN(t *testing.T, ctx context.Context, qs []protocol.MessageQueue, from, n int, tag func(int) string) []fedMsg {
 	t.Helper()
-	out := make([]sentMsg, 0, n)
+	out := make([]fedMsg, 0, n)
 	for i := from; i < from+n; i++ {
 		tg := ""
 		if tag != nil {
@@ -296,7 +296,7 @@ func (r *javaRun) kill() {
 
 // checkRecv checks a Java delivery against what runnel's client sent:
 // body, tag, keys and every user property, the queue and its offset.
-func checkRecv(t *testing.T, who string, ev javapeer.Event, s sentMsg) {
+func checkRecv(t *testing.T, who string, ev javapeer.Event, s fedMsg) {
 	t.Helper()
 	// A redelivery comes from %RETRY%<group>: its queue and offset are
 	// that topic's.
@@ -314,8 +314,8 @@ func checkRecv(t *testing.T, who string, ev javapeer.Event, s sentMsg) {
 }
 
 // bySent indexes sent messages by msgId.
-func bySent(sent []sentMsg) map[string]sentMsg {
-	m := make(map[string]sentMsg, len(sent))
+func bySent(sent []fedMsg) map[string]fedMsg {
+	m := make(map[string]fedMsg, len(sent))
 	for _, s := range sent {
 		m[s.id] = s
 	}

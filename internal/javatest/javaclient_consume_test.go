@@ -22,7 +22,7 @@ type feeder struct {
 	err      error // set before done closes
 
 	mu   sync.Mutex
-	sent []sentMsg
+	sent []fedMsg
 }
 
 // mk gives message i's tag and extra properties.
@@ -49,7 +49,7 @@ func startFeeder(t *testing.T, ctx context.Context, p *consumePeer, qs []protoco
 }
 
 // stop stops the feeder and returns what it sent.
-func (f *feeder) stop(t *testing.T) []sentMsg {
+func (f *feeder) stop(t *testing.T) []fedMsg {
 	t.Helper()
 	f.stopping.Store(true)
 	<-f.done

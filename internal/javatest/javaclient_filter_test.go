@@ -36,8 +36,8 @@ func testJavaClientBroadcastTags(t *testing.T, version string) {
 	qs := testutil.CreateTopic(t, p.client, p.BrokerAddr, topic, 4)
 	tags := []string{"a", "b", "c"}
 	tag := func(i int) string { return tags[i%3] }
-	want := map[string]sentMsg{}
-	keep := func(sent []sentMsg) int {
+	want := map[string]fedMsg{}
+	keep := func(sent []fedMsg) int {
 		n := 0
 		for _, s := range sent {
 			if s.tag != "c" {

@@ -183,7 +183,7 @@ func testJavaClientOrderly(t *testing.T, version string) {
 	}
 	tail := p.sendN(t, ctx, qs[:1], len(sent)+1, 3, func(int) string { return "o" })
 	dlq := protocol.MessageQueue{Topic: "%DLQ%" + group, BrokerName: testutil.BrokerName, QueueID: 0}
-	all := append(append([]sentMsg{}, sent...), tail...)
+	all := append(append([]fedMsg{}, sent...), tail...)
 	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
 		got := map[string]bool{}
 		for _, r := range []*javaRun{a, b} {
@@ -301,7 +301,7 @@ func testJavaClientOrderly(t *testing.T, version string) {
 }
 
 // checkDead checks a dead-lettered message against the one sent.
-func checkDead(t *testing.T, m protocol.MessageExt, s sentMsg, topic string) {
+func checkDead(t *testing.T, m protocol.MessageExt, s fedMsg, topic string) {
 	t.Helper()
 	prop := func(k string) string { v, _ := m.Property(k); return v }
 	body, err := m.DecompressedBody(16 << 20)
