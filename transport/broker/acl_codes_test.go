@@ -76,6 +76,7 @@ var aclCodeClasses = map[int32]string{
 	34: "sub", 35: "sub", // HEART_BEAT of a consumer of T in G, UNREGISTER_CLIENT naming G
 	36: "sub", 38: "sub", // CONSUMER_SEND_MSG_BACK, GET_CONSUMER_LIST_BY_GROUP
 	41: "sub", 42: "sub", // LOCK_BATCH_MQ, UNLOCK_BATCH_MQ
+	46: "auth",                                                         // CHECK_CLIENT_CONFIG (names no topic in a header)
 	17: "admin", 215: "admin", 21: "admin", 351: "admin", 202: "admin", // topic create/delete/configs/stats
 	200: "admin", 201: "admin", 207: "admin", 208: "admin", // subscription groups, consume stats
 	203: "admin", 204: "admin", // consumer and producer connection lists

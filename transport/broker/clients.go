@@ -122,6 +122,27 @@ func (r *clientRegistry) register(s *remoting.Server) {
 	s.Handle(protocol.ReqGetConsumerListByGroup, remoting.ProcessorFunc(r.processConsumerList))
 	s.Handle(protocol.ReqGetConsumerConnectionList, remoting.ProcessorFunc(r.processConsumerConnections))
 	s.Handle(protocol.ReqGetProducerConnectionList, remoting.ProcessorFunc(r.processProducerConnections))
+	s.Handle(protocol.ReqCheckClientConfig, remoting.ProcessorFunc(r.processCheckClientConfig))
+}
+
+// processCheckClientConfig serves CHECK_CLIENT_CONFIG (46), which a Java
+// consumer sends at start for each subscription that is not a TAG
+// expression (MQClientInstance.checkClientInBroker): TAG expressions are
+// fine; anything else gets what a Java broker without enablePropertyFilter
+// answers, SYSTEM_ERROR "The broker does not support consumer to filter
+// message by <type>", which fails the consumer's start (runnel does not
+// filter by SQL92).
+func (r *clientRegistry) processCheckClientConfig(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
+	req := rc.Request()
+	var body protocol.CheckClientRequestBody
+	if err := body.Decode(req.Body); err != nil {
+		return nil, &protocol.Error{Code: protocol.ResSystemError, Remark: err.Error()}
+	}
+	if sd := body.SubscriptionData; sd != nil && sd.ExpressionType != "" && sd.ExpressionType != protocol.ExpressionTypeTag {
+		return protocol.NewResponse(req, protocol.ResSystemError,
+			"The broker does not support consumer to filter message by "+sd.ExpressionType), nil
+	}
+	return protocol.NewResponse(req, protocol.ResSuccess, ""), nil
 }
 
 // ---- HEART_BEAT ----
@@ -155,7 +176,7 @@ func (r *clientRegistry) processHeartbeat(ctx context.Context, rc *remoting.Requ
 		if gc, ok := r.b.groupConfig(cd.GroupName, true); ok {
 			notify = gc.NotifyConsumerIdsChangedEnable
 			if gc.RetryQueueNums > 0 {
-				if _, err := r.b.ensureTopic(ctx, retryTopic(cd.GroupName), gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite); err != nil {
+				if _, err := r.b.ensureTopicRegistered(ctx, retryTopic(cd.GroupName), gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite); err != nil {
 					errs = append(errs, fmt.Errorf("consumer group %q: retry topic: %w", cd.GroupName, err))
 				}
 			}

@@ -87,7 +87,8 @@ type queueKey struct {
 // subscription: from the request with the SUBSCRIPTION flag (TAG only;
 // SQL92 is SYSTEM_ERROR as on a Java broker without property filtering),
 // else the one registered by heartbeat (SUBSCRIPTION_NOT_LATEST when
-// older than the request's), else everything (gotcha 27).
+// older than the request's; SQL92 SYSTEM_ERROR again), else everything
+// (gotcha 27).
 func (b *Broker) processPull(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 	req := rc.Request()
 	p := &pullReq{rc: rc, index: -1}
@@ -143,7 +144,13 @@ func (b *Broker) checkPull(p *pullReq) *protocol.Command {
 			if sub.SubVersion < h.SubVersion {
 				return respond(req, protocol.ResSubscriptionNotLatest, "the consumer's subscription not latest")
 			}
-			if sub.ClassFilter || sub.ExpressionType == protocol.ExpressionTypeSQL92 {
+			if sub.ExpressionType != "" && sub.ExpressionType != protocol.ExpressionTypeTag {
+				// A Java broker without enablePropertyFilter refuses a
+				// registered SQL92 subscription the same way; filtering
+				// nothing would deliver what the consumer did not select.
+				return respond(req, protocol.ResSystemError, "The broker does not support consumer to filter message by "+sub.ExpressionType)
+			}
+			if sub.ClassFilter {
 				p.filter = tagFilter{all: true}
 			} else {
 				p.filter = newTagFilter(sub.Tags)

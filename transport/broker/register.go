@@ -38,10 +38,100 @@ type registrar struct {
 		sync.Mutex
 		conn *remoting.Conn
 	}
+	// gen numbers the registrations: started counts those that took their
+	// snapshot of the topic table, ok is the number of the last one the
+	// name server accepted, and changed is closed (and replaced) whenever a
+	// registration ends, for awaitRegistered.
+	gen struct {
+		sync.Mutex
+		started, ok uint64
+		changed     chan struct{}
+	}
 }
 
 func newRegistrar(b *Broker, addr string) *registrar {
-	return &registrar{b: b, addr: addr, trigger: make(chan struct{}, 1)}
+	r := &registrar{b: b, addr: addr, trigger: make(chan struct{}, 1)}
+	r.gen.changed = make(chan struct{})
+	return r
+}
+
+// startGen numbers a registration about to take its snapshot.
+func (r *registrar) startGen() uint64 {
+	r.gen.Lock()
+	defer r.gen.Unlock()
+	r.gen.started++
+	return r.gen.started
+}
+
+// endGen records the end of registration g (accepted or not) and wakes
+// the waiters.
+func (r *registrar) endGen(g uint64, accepted bool) {
+	r.gen.Lock()
+	defer r.gen.Unlock()
+	if accepted && g > r.gen.ok {
+		r.gen.ok = g
+	}
+	close(r.gen.changed)
+	r.gen.changed = make(chan struct{})
+}
+
+// askNext asks for a registration and returns the number it will have at
+// the latest: the first one to take its snapshot after the call, which
+// therefore holds every topic published before it.
+func (r *registrar) askNext() uint64 {
+	r.gen.Lock()
+	want := r.gen.started + 1
+	r.gen.Unlock()
+	r.signal()
+	return want
+}
+
+// awaitGen waits until the name server has accepted registration want or
+// a later one, or ctx ends.
+func (r *registrar) awaitGen(ctx context.Context, want uint64) error {
+	for {
+		r.gen.Lock()
+		ok, changed := r.gen.ok, r.gen.changed
+		r.gen.Unlock()
+		if ok >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.b.regCtx.Done(): // registrations stopped (shutdown)
+			return r.b.regCtx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// registerNowTimeout bounds how long awaitRegistered holds the request
+// that created a topic, below the clients' 3 s request timeout.
+const registerNowTimeout = 2 * time.Second
+
+// awaitRegistered registers the topic table with every name server and
+// waits, at most registerNowTimeout, until each has accepted it. A Java
+// broker registers a topic it creates for a heartbeat or a send-back
+// (createTopicInSendMessageBackMethod) before it answers, so the client's
+// next route lookup finds it; a name server that does not answer in time
+// gets the topic with the registration still under way.
+func (b *Broker) awaitRegistered(ctx context.Context) {
+	if len(b.regs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, registerNowTimeout)
+	defer cancel()
+	want := make([]uint64, len(b.regs))
+	for i, r := range b.regs {
+		want[i] = r.askNext()
+	}
+	for i, r := range b.regs {
+		if err := r.awaitGen(ctx, want[i]); err != nil {
+			b.log.Debug("broker: new topic not registered in time; registration goes on", "namesrv", r.addr, "err", err)
+			return
+		}
+	}
 }
 
 // signal asks for a registration soon; it never blocks.
@@ -114,6 +204,9 @@ func (r *registrar) registerOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
 	}
+	g := r.startGen()
+	accepted := false
+	defer func() { r.endGen(g, accepted) }()
 	req, err := r.b.registerRequest()
 	if err != nil {
 		return err
@@ -128,6 +221,7 @@ func (r *registrar) registerOnce(ctx context.Context) error {
 	if err := protocol.ResponseError(resp); err != nil {
 		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
 	}
+	accepted = true
 	return nil
 }
 

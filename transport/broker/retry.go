@@ -50,9 +50,34 @@ func groupNotExist(group string) error {
 	return &protocol.Error{Code: protocol.ResSubscriptionGroupNotExist, Remark: "subscription group not exist, " + group}
 }
 
-// ensureDeadLetter returns the group's DLQ topic, created if missing.
-func (r *retrier) ensureDeadLetter(ctx context.Context, group string) (TopicConfig, error) {
-	tc, err := r.b.ensureTopic(ctx, dlqTopic(group), dlqQueueNums, protocol.PermRead|protocol.PermWrite)
+// ensureTopicRegistered is ensureTopic for the topics the broker creates
+// while serving a heartbeat or a send-back (%RETRY% and %DLQ% topics):
+// when it creates the topic it waits, bounded, until the name servers
+// have it (awaitRegistered), as a Java broker does
+// (createTopicInSendMessageBackMethod registers before it returns). A Java
+// push consumer looks the route of %RETRY%<group> up in its first
+// rebalance, right after its first heartbeat; a route still missing then
+// is learnt only from the client's route poll, 30 s later, and retries wait
+// that long. It must not run on a connection's reader goroutine.
+func (b *Broker) ensureTopicRegistered(ctx context.Context, name string, queues, perm int32) (TopicConfig, error) {
+	if tc, ok := b.topics.get(name); ok {
+		return tc, nil
+	}
+	tc, err := b.ensureTopic(ctx, name, queues, perm)
+	if err == nil {
+		b.awaitRegistered(ctx)
+	}
+	return tc, err
+}
+
+// ensureDeadLetter returns the group's DLQ topic, created if missing (and
+// then, with wait, registered: ensureTopicRegistered).
+func (r *retrier) ensureDeadLetter(ctx context.Context, group string, wait bool) (TopicConfig, error) {
+	ensure := r.b.ensureTopic
+	if wait {
+		ensure = r.b.ensureTopicRegistered
+	}
+	tc, err := ensure(ctx, dlqTopic(group), dlqQueueNums, protocol.PermRead|protocol.PermWrite)
 	if err != nil {
 		return TopicConfig{}, &protocol.Error{Code: protocol.ResSystemError, Remark: "topic[" + dlqTopic(group) + "] not exist: " + err.Error()}
 	}
@@ -80,7 +105,7 @@ func (r *retrier) processSendBack(ctx context.Context, rc *remoting.RequestCtx) 
 		return protocol.NewResponse(req, protocol.ResSuccess, ""), nil // retry disabled: drop
 	}
 	rt := retryTopic(h.Group)
-	tc, err := r.b.ensureTopic(ctx, rt, gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite)
+	tc, err := r.b.ensureTopicRegistered(ctx, rt, gc.RetryQueueNums, protocol.PermRead|protocol.PermWrite)
 	if err != nil {
 		return nil, &protocol.Error{Code: protocol.ResSystemError, Remark: "topic[" + rt + "] not exist: " + err.Error()}
 	}
@@ -112,6 +137,9 @@ func (r *retrier) processSendBack(ctx context.Context, rc *remoting.RequestCtx) 
 	if _, ok := orig.Property(protocol.PropRetryTopic); !ok {
 		m.SetProperty(protocol.PropRetryTopic, orig.Topic)
 	}
+	// Java's consumerSendMsgBack clears waitStoreMsgOK on the copy it
+	// stores (retry or dead letter): consumers see WAIT=false there.
+	m.SetProperty(protocol.PropWaitStoreMsgOK, "false")
 	if v, ok := orig.Property(protocol.PropOriginMessageID); !ok || v == "" {
 		m.SetProperty(protocol.PropOriginMessageID, orig.OffsetMsgID())
 	}
@@ -122,7 +150,7 @@ func (r *retrier) processSendBack(ctx context.Context, rc *remoting.RequestCtx) 
 	}
 	delayLevel := h.DelayLevel
 	if orig.ReconsumeTimes >= maxTimes || delayLevel < 0 {
-		dlq, err := r.ensureDeadLetter(ctx, h.Group)
+		dlq, err := r.ensureDeadLetter(ctx, h.Group, true)
 		if err != nil {
 			return nil, err
 		}
@@ -168,7 +196,7 @@ func (r *retrier) beforeStore(ctx context.Context, m *InboundMessage) error {
 	if m.ReconsumeTimes <= maxTimes && !r.locks.groupHoldsLocks(group) {
 		return nil
 	}
-	dlq, err := r.ensureDeadLetter(ctx, group)
+	dlq, err := r.ensureDeadLetter(ctx, group, false)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func TestBrokerRetrySendBack(t *testing.T) {
 	if string(r.Body) != "hello" || r.ReconsumeTimes != 1 || r.BornTimestamp != orig.BornTimestamp {
 		t.Errorf("retry message: body %q reconsume %d born %d", r.Body, r.ReconsumeTimes, r.BornTimestamp)
 	}
-	wantProps(t, &r, "RETRY_TOPIC", "T", "ORIGIN_MESSAGE_ID", origID, "TAGS", "a", "DELAY", "",
+	wantProps(t, &r, "RETRY_TOPIC", "T", "WAIT", "false", "ORIGIN_MESSAGE_ID", origID, "TAGS", "a", "DELAY", "",
 		"REAL_TOPIC", "%RETRY%g", "REAL_QID", "0", "UNIQ_KEY", orig.UniqKey())
 
 	// Retry budget spent (reconsumeTimes 1 >= max 1) → DLQ, ORIGIN kept.
@@ -82,7 +82,7 @@ func TestBrokerRetrySendBack(t *testing.T) {
 	if len(dlq) != 1 || dlq[0].ReconsumeTimes != 2 {
 		t.Fatalf("DLQ = %d messages (%+v)", len(dlq), dlq)
 	}
-	wantProps(t, &dlq[0], "ORIGIN_MESSAGE_ID", origID, "RETRY_TOPIC", "T", "DELAY", "")
+	wantProps(t, &dlq[0], "ORIGIN_MESSAGE_ID", origID, "RETRY_TOPIC", "T", "DELAY", "", "WAIT", "false")
 	if tc, ok := b.topicConfig("%DLQ%g"); !ok || queueCount(tc) != 1 || tc.Perm != protocol.PermRead|protocol.PermWrite {
 		t.Errorf("DLQ topic = %+v %v", tc, ok)
 	}

@@ -62,6 +62,23 @@ type SubscriptionData struct {
 	Topic      string   `json:"topic"`
 }
 
+// CheckClientRequestBody is the CHECK_CLIENT_CONFIG request body (Java
+// CheckClientRequestBody): before it starts, a Java consumer asks each
+// broker of a topic it subscribes to with a non-TAG expression whether the
+// broker can serve it.
+type CheckClientRequestBody struct {
+	ClientID         string            `json:"clientId"`
+	Group            string            `json:"group"`
+	Namespace        string            `json:"namespace"`
+	SubscriptionData *SubscriptionData `json:"subscriptionData"`
+}
+
+// Decode parses a CHECK_CLIENT_CONFIG body.
+func (c *CheckClientRequestBody) Decode(b []byte) error {
+	*c = CheckClientRequestBody{}
+	return decodeBody("check client config", b, c)
+}
+
 // NewTagSubscription builds the SubscriptionData of a TAG expression the way
 // the Java client does (tagsSet and codeSet from ParseTagExpression; "*" for
 // all).
