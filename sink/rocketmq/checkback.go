@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/runnel-dev/runnel/jobinfo"
 
@@ -166,13 +167,19 @@ func (v *localView) markLocked(d *txnDesc, k knownState) {
 //     rollback, as localView answers for another run;
 //   - its task's chain says its (owner epoch, epoch) never counts: rollback;
 //   - not decided yet, or the chain cannot tell: unknown (asked later);
-//   - valid: commit, unless it is an orphan (a send attempt other than the
-//     one the broker acknowledged for its slot, per the checkpoint's
-//     TxnInfo): rollback; unknown when the chains do not remember the
-//     checkpoint's information (its new owner commits it on restore).
+//   - valid: rollback for an orphan (a send attempt other than the one the
+//     broker acknowledged for its slot, per the checkpoint's TxnInfo);
+//     unknown for the accepted copy while it is younger than half the
+//     discard window (its owner, or its task's next owner, commits it in
+//     lane order), commit after that; unknown when the chains do not
+//     remember the checkpoint's information (its new owner commits it on
+//     restore).
 type chainDecider struct {
 	chains jobinfo.Chains
 	sink   string // the sink's UID
+	// patience is how long a valid half message is left to its owner
+	// before a check-back commits it (half the discard window).
+	patience time.Duration
 }
 
 func (d *chainDecider) decide(_ context.Context, q halfQuery) client.TxState {
@@ -209,10 +216,20 @@ func (d *chainDecider) decide(_ context.Context, q halfQuery) client.TxState {
 	if err != nil {
 		return client.TxUnknown
 	}
-	if uint32(try) == accepted {
-		return client.TxCommit
+	if uint32(try) != accepted {
+		return client.TxRollback
 	}
-	return client.TxRollback
+	// The accepted copy of a published checkpoint's record: its task's
+	// owner ends it (or, after a failover, the new owner, which restores
+	// the checkpoint's pending transactions and commits them in lane
+	// order). Committing it from here as well would let it overtake the
+	// lane's earlier records, so only a half message nobody ended for half
+	// the broker's discard window is committed here: its owner is gone for
+	// long, and waiting longer would let the broker discard it.
+	if age := time.Since(time.UnixMilli(q.msg.BornTimestamp)); age < d.patience {
+		return client.TxUnknown
+	}
+	return client.TxCommit
 }
 
 // txnInfo is the check-back information of a transaction description

@@ -129,10 +129,12 @@
 // none covers it); for a valid one, what the sink attached when it was
 // published (TxnInfo: which records were sent again after an uncertain
 // attempt, and which attempt the broker acknowledged) tells the accepted
-// copy (commit) from an orphan (rollback). The owner ends its transactions
-// itself after publishing, and a new owner, restoring the task's pending
-// transactions, commits them again, so a check-back answered unknown (the
-// chains no longer remember the checkpoint) delays nothing that matters.
+// copy from an orphan (rollback). The accepted copy is the owner's to end:
+// the owner ends its transactions after publishing, and a new owner,
+// restoring the task's pending transactions, commits them again in lane
+// order, so a check-back answers unknown for it until it is half the
+// discard window old (committing it earlier from another worker would let
+// it overtake its lane's earlier records), then commit.
 //
 // # Failing loudly
 //

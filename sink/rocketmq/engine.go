@@ -127,7 +127,7 @@ func (e *txEngine) bind(info jobinfo.Info) error {
 			return fmt.Errorf("%w: Bind: scale-out task without a task id or commit chains", ErrInvalidOption)
 		}
 		e.scale, e.ownerTag = sc, strconv.FormatUint(sc.OwnerEpoch, 10)
-		e.decider = &chainDecider{chains: sc.Chains, sink: info.UID}
+		e.decider = &chainDecider{chains: sc.Chains, sink: info.UID, patience: e.cfg.discardWindow / 2}
 	}
 	if e.cfg.groupSet {
 		return nil // WithTxGroup's group wins

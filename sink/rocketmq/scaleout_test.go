@@ -78,9 +78,10 @@ func taskLogOf(job, stage, broker string, q int32) scaleout.TaskLog {
 // checkpoint's records and publishes the checkpoint, then dies before
 // ending its half messages. The broker checks them back with the only
 // producer of the group left: worker B's sink, of another task. B answers
-// from the commit chain: commit for A's published epoch (all its records
-// become visible once), unknown for A's unpublished next epoch until B
-// claims A's task, then rollback. The control, a sink that answers from its
+// from the commit chain: unknown for A's published epoch while it is young
+// (its task's next owner would commit it in order), then commit (all its
+// records become visible once); unknown for A's unpublished next epoch
+// until B claims A's task, then rollback. The control, a sink that answers from its
 // own view as a job in one process does, rolls back A's published records:
 // they would be lost.
 func TestExactlyOnceScaleoutCheckBack(t *testing.T) {
@@ -105,7 +106,9 @@ func testScaleoutCheckBack(t *testing.T, control bool) {
 	// A worker's follower follows every task of the job (RunWorker does).
 	b.f.Follow(logA.Task, logA.Commit)
 
-	sinkA, err := NewExactlyOnce(a.c, keyedMapper("eo_scale"))
+	// A discard window of 4 s: a sink leaves a published half message to
+	// its owner for 2 s, then commits it when checked back.
+	sinkA, err := NewExactlyOnce(a.c, keyedMapper("eo_scale"), WithDiscardWindow(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +158,7 @@ func testScaleoutCheckBack(t *testing.T, control bool) {
 	_ = a.f.Close()
 	_ = a.c.Close()
 
-	sinkB, err := NewExactlyOnce(b.c, keyedMapper("eo_scale"))
+	sinkB, err := NewExactlyOnce(b.c, keyedMapper("eo_scale"), WithDiscardWindow(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +182,9 @@ func testScaleoutCheckBack(t *testing.T, control bool) {
 		}
 		t.Logf("control: a sink answering from its own view rolled back all 10 half messages, the 6 of A's published checkpoint included")
 		return
+	}
+	if st := cl.b.TransactionStats(); st.Committed != 0 {
+		t.Fatalf("B committed a young half message of A's: %+v", st)
 	}
 	waitFor(t, "A's published epoch to be committed by B's answers", 20*time.Second, func() bool {
 		return cl.b.TransactionStats().Committed == 6
