@@ -19,5 +19,9 @@ import (
 // go-cache instance. A leak check would only report the peer under test.
 func TestMain(m *testing.M) {
 	rlog.SetLogLevel("fatal")
-	os.Exit(m.Run())
+	code := m.Run()
+	if childBin.dir != "" {
+		_ = os.RemoveAll(childBin.dir)
+	}
+	os.Exit(code)
 }

@@ -103,8 +103,45 @@ type soChild struct {
 	done chan error
 }
 
+// childBinary returns the test binary the workers run: this one, or, in a
+// -race build, the same package built without -race (the workers' speed
+// under the race detector would make the test about its pace; the broker,
+// in this process, stays instrumented).
+func childBinary(t *testing.T) string {
+	t.Helper()
+	if !raceEnabled {
+		return os.Args[0]
+	}
+	childBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "runnel-scaleout-child-")
+		if err != nil {
+			childBin.err = err
+			return
+		}
+		childBin.dir = dir
+		bin := filepath.Join(dir, "child.test")
+		out, err := exec.Command(goTool(), "test", "-c", "-o", bin, ".").CombinedOutput()
+		if err != nil {
+			childBin.err = fmt.Errorf("build the worker binary without -race: %v\n%s", err, out)
+			return
+		}
+		childBin.path = bin
+	})
+	if childBin.err != nil {
+		t.Fatal(childBin.err)
+	}
+	return childBin.path
+}
+
+var childBin struct {
+	once      sync.Once
+	path, dir string
+	err       error
+}
+
 type soEnv struct {
 	t       *testing.T
+	bin     string
 	ns      string
 	b       *broker.Broker
 	c       *client.Client
@@ -115,7 +152,7 @@ type soEnv struct {
 
 func (e *soEnv) start(name, dir, kill string) *soChild {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleoutETLChild$", "-test.count=1")
+	cmd := exec.Command(e.bin, "-test.run=^TestScaleoutETLChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envSOChild+"=1", envSONamesrv+"="+e.ns, envSODir+"="+dir, envSOName+"="+name,
 		envSOInterval+"=200ms", envSOKill+"="+kill)
 	if e.control {
@@ -171,7 +208,7 @@ func testScaleoutETLKill(t *testing.T, control bool) {
 	testutil.CreateTopic(t, c, cl.BrokerAddr, soIn, 8)
 	testutil.CreateTopic(t, c, cl.BrokerAddr, soOut, 8)
 	testutil.CreateTopic(t, c, cl.BrokerAddr, soDLQ, 2)
-	e := &soEnv{t: t, ns: cl.NameServer, b: cl.Broker, c: c, control: control}
+	e := &soEnv{t: t, bin: childBinary(t), ns: cl.NameServer, b: cl.Broker, c: c, control: control}
 	n := 100_000
 	e.samples = etl.SampleOrders(n, 300, 100, seed)
 	p := testutil.NewProducer(t, c, "so_input")
