@@ -109,4 +109,3 @@ func TestSourceConformance(t *testing.T) {
 		})
 	})
 }
-
