@@ -20,7 +20,8 @@ import (
 type Features struct {
 	// Bounded says the splits end: after the records an instance holds
 	// when it is made, every split returns source.ErrEndOfSplit. Produce
-	// and AddSplits are then only called before the splits are opened.
+	// is then not used, and AddSplits is called before the new splits are
+	// opened.
 	Bounded bool
 	// Endless says every split always has another record (a generator):
 	// Instance.Records and Produce are not used, and the suite reads
