@@ -314,6 +314,7 @@ func TestSuiteCatchesBrokenSinks(t *testing.T) {
 	for i, c := range brokenCases {
 		name := fmt.Sprintf("%d-%s", i, c.bug)
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // mostly waiting: quiet periods and timeouts
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenSink$", "-test.v", "-test.count=1", "-test.timeout=5m")
 			cmd.Env = append(os.Environ(), brokenEnv+"="+strconv.Itoa(i))
 			out, err := cmd.CombinedOutput()

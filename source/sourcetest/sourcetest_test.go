@@ -277,6 +277,7 @@ func TestSuiteCatchesBrokenSources(t *testing.T) {
 	for i, c := range brokenCases {
 		name := fmt.Sprintf("%d-%s-bounded=%v", i, c.bug, c.bounded)
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // mostly waiting: quiet periods and timeouts
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenSource$", "-test.v", "-test.count=1", "-test.timeout=5m")
 			cmd.Env = append(os.Environ(), brokenEnv+"="+strconv.Itoa(i))
 			out, err := cmd.CombinedOutput()
