@@ -50,8 +50,8 @@
 //     records and a nil or ctx error; records produced afterwards are all
 //     returned, exactly once.
 //   - Restore: the splits are read in small batches (max 1, 2, 3), Offset
-//     noted after every Poll and NotifyCheckpointComplete called after it,
-//     as the runtime does at each checkpoint. Then a new reader is opened
+//     noted after every Poll and NotifyCheckpointComplete called after it
+//     (it must return nil), as the runtime does at each checkpoint. Then a new reader is opened
 //     at every noted offset, at the offset noted before the first Poll, and
 //     at every Record.Offset, and it must return exactly the records that
 //     followed that point, in the same order: no loss, no repeat (with

@@ -368,6 +368,14 @@ func (ss *session[T]) collect(rs []*reading[T], want []string, p plan) {
 	if !f.Bounded && !f.Endless && !prog.complete() {
 		ss.t.Fatalf("after %v the readers had not returned every record: %s", f.Timeout, describe(rs, want))
 	}
+	for _, rd := range rs {
+		switch {
+		case f.Bounded && !rd.ended:
+			ss.t.Fatalf("split %s of a bounded source never returned ErrEndOfSplit within %v (%s)", rd.name(), f.Timeout, describe(rs, want))
+		case f.Endless && len(rd.seq) < p.per:
+			ss.t.Fatalf("split %s of an endless source returned %d records within %v, want %d", rd.name(), len(rd.seq), f.Timeout, p.per)
+		}
+	}
 }
 
 // readLoop is collect's loop for one reader.

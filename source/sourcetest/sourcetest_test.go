@@ -144,6 +144,10 @@ func (r *logReader) Poll(ctx context.Context, max int) ([]source.Record[string],
 		log, wake := r.l.mu.logs[r.split], r.l.mu.wake
 		r.l.mu.Unlock()
 		if r.end >= 0 && r.next >= r.end {
+			if r.l.bug == "never-ends" {
+				r.end = -1 // waits for records that never come
+				continue
+			}
 			if r.l.bug == "end-not-sticky" && r.ended {
 				return nil, nil
 			}
@@ -255,6 +259,7 @@ var brokenCases = []struct {
 	{bug: "redeliver", check: "Restore", message: "a reader opened at offset"}, // not declared AtLeastOnce
 	{bug: "lose-on-cancel", features: sourcetest.Features{Timeout: 2 * time.Second}, check: "CancelledPolls", message: "had not returned every record"},
 	{bug: "end-not-sticky", bounded: true, features: sourcetest.Features{Bounded: true}, check: "ReadAll", message: "the end is not sticky"},
+	{bug: "never-ends", bounded: true, features: sourcetest.Features{Bounded: true, Timeout: time.Second}, check: "ReadAll", message: "never returned ErrEndOfSplit"},
 	{bug: "end-with-records", bounded: true, features: sourcetest.Features{Bounded: true}, check: "ReadAll", message: "ErrEndOfSplit with"},
 	{bug: "exceeds-max", check: "Restore", message: "Poll(max 1) returned"},
 	{bug: "shared-offset", check: "Restore", message: "Offset's slice belongs to the caller"},
