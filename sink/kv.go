@@ -113,24 +113,35 @@ func (k *KV[T]) Get(id []byte) ([]byte, bool, error) {
 
 // All iterates over the committed (id, value) pairs in id order. The slices
 // are valid only during the iteration step. Iteration stops at the first
-// error, which is yielded with nil key and value.
+// error (ErrClosed after Close, or the store's), which is yielded last,
+// with a nil key and the error's text as the value.
 func (k *KV[T]) All() iter.Seq2[[]byte, []byte] {
 	return func(yield func([]byte, []byte) bool) {
+		fail := func(err error) { yield(nil, []byte(err.Error())) }
 		k.mu.Lock()
 		db := k.mu.db
 		k.mu.Unlock()
 		if db == nil {
+			fail(ErrClosed)
 			return
 		}
 		it, err := db.NewIter(nil)
 		if err != nil {
+			fail(fmt.Errorf("sink: KV iterate: %w", err))
 			return
 		}
-		defer it.Close()
 		for ok := it.First(); ok; ok = it.Next() {
 			if !yield(it.Key(), it.Value()) {
+				_ = it.Close() // the caller stopped; its error would go nowhere
 				return
 			}
+		}
+		err = it.Error()
+		if cerr := it.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			fail(fmt.Errorf("sink: KV iterate: %w", err))
 		}
 	}
 }

@@ -37,7 +37,6 @@ func TestKVIdempotentReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
 	if _, ok, _ := s.Get(key(kv{k: 3})); ok {
 		t.Fatal("unflushed write survived")
 	}
@@ -56,6 +55,19 @@ func TestKVIdempotentReplay(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("%d entries, want 3", n)
+	}
+	// A closed KV says so instead of iterating over nothing.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n = 0
+	for k, v := range s.All() {
+		if n++; k != nil || string(v) != ErrClosed.Error() {
+			t.Fatalf("after Close, All yielded %q = %q", k, v)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("after Close, All yielded %d pairs, want the error only", n)
 	}
 }
 
