@@ -109,7 +109,7 @@ func TestExactlyOnceConformance(t *testing.T) {
 				if err != nil {
 					return nil, err
 				}
-				s, err := mqsink.NewExactlyOnce(c, group, mapper,
+				s, err := mqsink.NewExactlyOnce(c, mapper, mqsink.WithTxGroup(group),
 					mqsink.WithTxRetry(3, backoff.Policy{Initial: time.Millisecond}), mqsink.WithDiscardWindow(confDiscard))
 				if err != nil {
 					_ = c.Close()
