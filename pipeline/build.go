@@ -45,7 +45,7 @@ func (r *jobRun) plan(ctx context.Context) error {
 		if n.taskCount == nil {
 			continue
 		}
-		cnt, err := n.taskCount(ctx, r)
+		cnt, err := r.countTasks(ctx, n) // startup.go: waits for unavailable sources
 		if err != nil {
 			return fmt.Errorf("pipeline: operator %q: %w", n.uid, err)
 		}

@@ -67,6 +67,7 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
+	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
 	// RunWorker (worker.go)
 	ranges        int
 	workerGroup   string
