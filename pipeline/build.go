@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/runnel-dev/runnel/runtime"
-	"github.com/runnel-dev/runnel/sink"
 )
 
 // jobRun is one execution of a Job: its tasks and their wiring.
@@ -46,7 +45,7 @@ func (r *jobRun) plan(ctx context.Context) error {
 		if n.taskCount == nil {
 			continue
 		}
-		cnt, err := n.taskCount(ctx, r)
+		cnt, err := r.countTasks(ctx, n) // startup.go: waits for unavailable sources
 		if err != nil {
 			return fmt.Errorf("pipeline: operator %q: %w", n.uid, err)
 		}
@@ -139,8 +138,8 @@ func reachable(head *node, seen map[*node]bool, remote func(*node) bool) []*node
 // counter accumulates a node's record counts in one task, flushed to the
 // shared atomic stats once per batch.
 type counter struct {
-	stats             *runtime.OperatorStats
-	in, out, rejected int64
+	stats                   *runtime.OperatorStats
+	in, out, rejected, late int64
 }
 
 func (c *counter) flush() {
@@ -155,6 +154,10 @@ func (c *counter) flush() {
 	if c.rejected != 0 {
 		c.stats.Errors.Add(c.rejected)
 		c.rejected = 0
+	}
+	if c.late != 0 {
+		c.stats.Late.Add(c.late)
+		c.late = 0
 	}
 }
 
@@ -229,40 +232,16 @@ func (b *chainBuilder) rejecterFor(n *node, operator string, p Policy) func(ctx 
 		hooks, fromSource := b.r.hooks, n.kind == kindSource
 		return func(_ context.Context, err error, _ any, _ int64) error {
 			c.rejected++
-			hooks.onDeadLetter(operator, err, fromSource, "skip")
-			recordDeadLetter(b.r.engine, operator, "skip", fromSource, err) // statusgraph.go
+			reason := reasonOf(err, fromSource) // reasons.go
+			hooks.onDeadLetter(operator, reason, "skip")
+			recordDeadLetter(b.r.engine, operator, "skip", reason, err) // statusgraph.go
 			return nil
 		}
 	case policyDeadLetter:
-		dn := b.r.job.dlqNode(p)
-		in, err := b.input(dn)
-		if err != nil {
-			return func(context.Context, error, any, int64) error { return err }
-		}
-		dlq := in.(emitFn[sink.DeadLetter])
-		job := b.r.job
-		hooks, fromSource := b.r.hooks, n.kind == kindSource
+		send := b.deadLetterer(n, operator, p) // reasons.go
 		return func(ctx context.Context, err error, v any, ts int64) error {
 			c.rejected++
-			hooks.onDeadLetter(operator, err, fromSource, "dead-letter")
-			recordDeadLetter(b.r.engine, operator, "dead-letter", fromSource, err) // statusgraph.go
-			d := sink.DeadLetter{
-				Source:   b.meta.source,
-				Operator: operator,
-				Split:    b.meta.split,
-				Offset:   append([]byte(nil), b.meta.offset...),
-				Raw:      append([]byte(nil), b.meta.raw...),
-				Reason:   err.Error(),
-				Time:     job.cfg.clock(),
-			}
-			if len(d.Raw) == 0 {
-				d.Raw = nil
-				d.Value = fmt.Sprint(v)
-			}
-			if len(d.Offset) == 0 {
-				d.Offset = nil
-			}
-			return dlq(ctx, d, ts)
+			return send(ctx, err, v, ts)
 		}
 	default:
 		return func(_ context.Context, err error, _ any, _ int64) error {

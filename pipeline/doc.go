@@ -48,6 +48,34 @@
 // sliding windows use it to keep one timer per key group and window end
 // instead of one per key and window.
 //
+// # Event time and watermarks
+//
+// Every record has an event time: the source record's own (for broker
+// messages their born or store time), or the one Timestamps assigns from
+// the decoded record. Each source split generates its own watermark from
+// the event times it sees (Watermarks / BoundedOutOfOrderness,
+// MonotonousTimestamps, CustomWatermarks): a promise that no record at or
+// before it will follow from that split. A keyed subtask's watermark is
+// the minimum over its inputs, and fires its event-time timers (and
+// windows, see package window). So a split that never receives a record —
+// a topic with 8 queues and events in 3 of them — holds every watermark
+// downstream back, and no event-time window fires, until IdleTimeout
+// marks the quiet split idle (idle splits are left out of the minimum) or
+// the input ends. The status page and GET /status show each operator's
+// watermark and the splits holding it back, idle or not.
+//
+// With several splits, which records are late depends on how far the
+// splits' reading runs apart: a job restored from a checkpoint resumes
+// with the watermarks it had checkpointed, but the interleaving of splits
+// after the restore may differ from an uninterrupted run's. Results equal
+// an uninterrupted run's when no record arrives behind the watermark, or
+// when the input is a single split. A record behind the watermark, after everything it
+// belonged to expired (a window operator's record whose windows all fired
+// and were cleaned up, a missing timestamp field decoded as 1970), is late:
+// it is counted in the operator's late records, and goes to a side output
+// or dead letters (see KeyedContext.LateRecord); it never vanishes
+// uncounted.
+//
 // # Bad records
 //
 // Records that fail to decode or validate (go-playground/validator struct
@@ -55,7 +83,11 @@
 // its retries (panics are recovered into errors), are handled by a Policy:
 // DeadLetter to a sink of sink.DeadLetter records (with the error, source
 // split and offset), Skip (counted), or Fail the job (the default for
-// operators).
+// operators). A dead letter's Reason starts with the reason class —
+// ReasonDecode, ReasonValidate, ReasonProcess, ReasonPanic or ReasonLate —
+// then ": " and the error (for instance "decode: cannot decode JSON into
+// main.Click: invalid character …"); the status page and
+// runtime.HookDeadLetter show the same classes.
 //
 // # Exactly-once
 //

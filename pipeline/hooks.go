@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -83,17 +82,7 @@ func (h *runHooks) startRecord(ctx context.Context, info *runtime.RecordInfo) ru
 	return nil
 }
 
-func (h *runHooks) onDeadLetter(operator string, err error, fromSource bool, policy string) {
-	if len(h.deadLetter) == 0 {
-		return
-	}
-	reason := "error"
-	switch {
-	case fromSource:
-		reason = "decode"
-	case errors.Is(err, ErrPanic):
-		reason = "panic"
-	}
+func (h *runHooks) onDeadLetter(operator, reason, policy string) {
 	for _, x := range h.deadLetter {
 		x.OnDeadLetter(h.job, operator, reason, policy)
 	}

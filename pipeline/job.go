@@ -37,8 +37,9 @@ var (
 // state package's Codec.
 type Codec[T any] = state.Codec[T]
 
-// JSON returns the built-in JSON codec for T.
-func JSON[T any]() Codec[T] { return state.JSONCodec[T]() }
+// JSON returns the built-in JSON codec for T (state.JSONCodec's encoding;
+// its decode errors name T and match state.ErrDecode).
+func JSON[T any]() Codec[T] { return jsonCodec[T]{} } // reasons.go
 
 // JobOption configures a Job.
 type JobOption interface{ applyJob(*jobConfig) }
@@ -66,6 +67,7 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
+	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
 	// RunWorker (worker.go)
 	ranges        int
 	workerGroup   string
@@ -133,8 +135,11 @@ func Clock(now func() time.Time) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.clock = now })
 }
 
-// StatusAddress serves the JSON status endpoint on addr (port 0 picks a free
-// port; onListen, when not nil, receives the actual address).
+// StatusAddress serves the job's status over HTTP on addr (port 0 picks a
+// free port; onListen, when not nil, receives the actual address): the
+// status page at http://addr/ui/ (also / in a browser) with the job graph,
+// lag, watermarks, throughput, checkpoints and recent dead letters, and the
+// same data as JSON at /status and /status/history (see package runtime).
 func StatusAddress(addr string, onListen func(string)) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.statusAddr, c.onStatusAddr = addr, onListen })
 }
@@ -360,7 +365,7 @@ func (j *Job) Run(ctx context.Context) error {
 		}
 		return errors.Join(err, eng.Close())
 	}
-	eng.SetGraph(r.statusGraph()) // statusgraph.go
+	r.publishStatus() // statusgraph.go: the graph and offset descriptions
 	if j.cfg.onStatusAddr != nil {
 		j.cfg.onStatusAddr(eng.StatusAddr())
 	}

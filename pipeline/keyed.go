@@ -612,7 +612,7 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		}
 		kt := &keyedTask[K, T, U]{
 			n: n, j: j, sub: t.subtask, in: ins[t.subtask], codec: k.codec, newFn: newFn,
-			b: b, emit: emit, sides: sides, reject: b.rejecter(n), store: r,
+			b: b, emit: emit, sides: sides, reject: b.rejecter(n), store: r, lateH: b.newLateHandler(n, t.subtask),
 		}
 		_, err = r.engine.AddTask(fmt.Sprintf("%s/%d", uid, t.subtask), runtime.OperatorTask, kt.run)
 		return err
@@ -633,6 +633,7 @@ type keyedTask[K comparable, T, U any] struct {
 	sides  map[string][]any
 	reject func(ctx context.Context, err error, v any, ts int64) error
 	store  *jobRun
+	lateH  *lateHandler // late.go
 
 	backend *state.Backend
 	timers  *state.Timers
@@ -674,6 +675,8 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	if err != nil {
 		return fmt.Errorf("restore watermark: %w", err)
 	}
+	wmGauge := kt.n.stats.Watermark(kt.sub) // the status endpoint's
+	wmGauge.Store(restoredWM)
 	kt.fn = kt.newFn()
 	oc := &OpenContext{backend: kt.backend, subtask: kt.sub, parallelism: kt.n.parallelism, log: kt.j.cfg.logger}
 	if err := protectErr(func(f KeyedProcessFunc[K, T, U], oc *OpenContext) error { return f.Open(oc) }, kt.fn, oc); err != nil {
@@ -746,6 +749,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		}
 		if wm > kt.kctx.wm {
 			kt.kctx.wm = wm
+			wmGauge.Store(wm)
 			if err := kt.fire(ctx, state.EventTime, wm); err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"time"
 
 	"github.com/runnel-dev/runnel/state"
@@ -71,4 +72,5 @@ func (c *KeyedContext[K, U]) ForKey(k K, kb []byte, kg uint16, fn func(*KeyedCon
 type keyTask[K comparable, U any] interface {
 	decodeKey(b []byte) (K, error)
 	forKey(k K, kb []byte, kg uint16, fn func(*KeyedContext[K, U]) error) error
+	late(ctx context.Context, v any, ts, wm int64) error // late.go
 }

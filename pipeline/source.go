@@ -41,9 +41,8 @@ func Validate(on bool) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.validate = &on })
 }
 
-// Watermarks sets how far out of event-time order records may arrive: the
-// source's watermark is the largest event time seen minus maxOutOfOrder
-// (default 0: records are in order per split).
+// Watermarks is BoundedOutOfOrderness (the same option under its first
+// name).
 func Watermarks(maxOutOfOrder time.Duration) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
 }
@@ -136,7 +135,7 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		if err != nil {
 			return err
 		}
-		wm, err := newSplitWatermarks(r.engine.Store(), uid, split.ID, &cfg, j.cfg.clock)
+		wm, err := newSplitWatermarks(r.engine, uid, split.ID, &cfg, j.cfg.clock)
 		if err != nil {
 			return err
 		}
@@ -270,6 +269,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		switch {
 		case perr == nil:
 		case errors.Is(perr, source.ErrEndOfSplit):
+			st.wm.ended()
 			if err := endPorts(ctx, ports); err != nil {
 				return err
 			}
@@ -305,9 +305,11 @@ func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]
 		}
 		rctx := st.tr.begin(ctx, b, &rec.Value) // ctx, or the record's traced context
 		v, err := st.decode(rec.Value)
-		if err == nil && st.validate {
+		if err != nil {
+			err = &recordError{reason: ReasonDecode, err: err} // reasons.go
+		} else if st.validate {
 			if verr := st.job.cfg.validatorInstance.Struct(v); verr != nil {
-				err = fmt.Errorf("invalid record: %w", verr)
+				err = &recordError{reason: ReasonValidate, err: verr}
 			}
 		}
 		if err != nil {

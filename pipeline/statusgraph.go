@@ -1,22 +1,31 @@
 package pipeline
 
 import (
-	"errors"
-
 	"github.com/runnel-dev/runnel/runtime"
 )
 
 // recordDeadLetter shows a rejected record among the status page's recent
 // dead letters (called for rejected records only: it takes a lock).
-func recordDeadLetter(e *runtime.Engine, operator, policy string, fromSource bool, err error) {
-	reason := "error"
-	switch {
-	case fromSource:
-		reason = "decode"
-	case errors.Is(err, ErrPanic):
-		reason = "panic"
-	}
+func recordDeadLetter(e *runtime.Engine, operator, policy, reason string, err error) {
 	e.RecordDeadLetter(runtime.DeadLetterStatus{Time: e.Now(), Operator: operator, Policy: policy, Reason: reason, Error: err.Error()})
+}
+
+// offsetDescriber is implemented by sources that describe their encoded
+// offsets for people (source/rocketmq: "next 405").
+type offsetDescriber interface {
+	DescribeOffset(offset []byte) string
+}
+
+// publishStatus gives the engine what its status endpoint shows beyond
+// the tasks' counters: the job graph, and how each source's checkpointed
+// offsets read.
+func (r *jobRun) publishStatus() {
+	r.engine.SetGraph(r.statusGraph())
+	for _, n := range r.job.nodes {
+		if d, ok := n.src.(offsetDescriber); ok && n.kind == kindSource {
+			r.engine.DescribeOffsets(n.uid, d.DescribeOffset)
+		}
+	}
 }
 
 // statusGraph returns the job's operator graph for the status endpoint:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/state"
 )
 
@@ -67,9 +68,11 @@ type watermarkOptions struct {
 	tsFn   any // func(T) time.Time, checked against the record type by fromSource
 }
 
-// BoundedOutOfOrderness is Watermarks: records may arrive up to
-// maxOutOfOrder behind the largest event time seen on their split; the
-// watermark is that largest time minus maxOutOfOrder minus 1 ns.
+// BoundedOutOfOrderness sets how far out of event-time order records may
+// arrive: up to maxOutOfOrder behind the largest event time seen on their
+// split. Each split's watermark is that largest time minus maxOutOfOrder
+// minus 1 ns. The default is 0 (MonotonousTimestamps: records are in order
+// per split). Watermarks is the same option.
 func BoundedOutOfOrderness(maxOutOfOrder time.Duration) SourceOption {
 	return Watermarks(maxOutOfOrder)
 }
@@ -141,13 +144,15 @@ type splitWatermarks struct {
 	noCancel context.CancelFunc
 	uid      string
 	stateKey []byte
+	gauge    *runtime.SplitStats // the status endpoint's: emitted and idle
 }
 
-func newSplitWatermarks(store *checkpoint.Store, uid, split string, cfg *sourceConfig, clock func() time.Time) (*splitWatermarks, error) {
+func newSplitWatermarks(eng *runtime.Engine, uid, split string, cfg *sourceConfig, clock func() time.Time) (*splitWatermarks, error) {
+	store := eng.Store()
 	w := &splitWatermarks{
 		enabled: !cfg.noWM, ooo: cfg.outOfOrder.Nanoseconds(), maxTs: math.MinInt64, emitted: math.MinInt64,
 		idleNs: cfg.wmx.idle.Nanoseconds(), clock: clock, noCancel: func() {},
-		uid: uid, stateKey: []byte(watermarkStateName + "\x00" + split),
+		uid: uid, stateKey: []byte(watermarkStateName + "\x00" + split), gauge: eng.Split(uid, split),
 	}
 	if w.enabled && cfg.wmx.newGen != nil {
 		if w.gen = cfg.wmx.newGen(); w.gen == nil {
@@ -164,6 +169,8 @@ func newSplitWatermarks(store *checkpoint.Store, uid, split string, cfg *sourceC
 		}
 		w.emitted = int64(binary.BigEndian.Uint64(restored))
 	}
+	w.gauge.Watermark.Store(w.emitted)
+	w.gauge.Idle.Store(false)
 	w.lastSeen = clock().UnixNano()
 	return w, nil
 }
@@ -212,6 +219,7 @@ func (w *splitWatermarks) beforeBatch(ctx context.Context, ports []port) error {
 		return nil
 	}
 	w.idle = false
+	w.gauge.Idle.Store(false)
 	return watermarkPorts(ctx, ports, max(w.emitted, activeNoWatermark))
 }
 
@@ -222,6 +230,7 @@ func (w *splitWatermarks) emit(ctx context.Context, ports []port) error {
 	}
 	if wm := w.current(); wm > w.emitted && wm > activeNoWatermark {
 		w.emitted = wm
+		w.gauge.Watermark.Store(wm)
 		return watermarkPorts(ctx, ports, wm)
 	}
 	return nil
@@ -240,9 +249,18 @@ func (w *splitWatermarks) quiet(ctx context.Context, ports []port) error {
 	}
 	if w.idleNs > 0 && w.clock().UnixNano()-w.lastSeen >= w.idleNs {
 		w.idle = true
+		w.gauge.Idle.Store(true)
 		return watermarkPorts(ctx, ports, idleWatermark)
 	}
 	return nil
+}
+
+// ended notes that the split's input ended: it holds no watermark back
+// any more (its tasks downstream see its end of input).
+func (w *splitWatermarks) ended() {
+	if w.enabled {
+		w.gauge.Watermark.Store(math.MaxInt64)
+	}
 }
 
 // pollContext bounds a poll by the time left before the split turns idle.

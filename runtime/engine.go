@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
@@ -30,7 +32,18 @@ var (
 	// ErrPublish is returned by Run when Config.Commit refused to publish a
 	// checkpoint.
 	ErrPublish = errors.New("runtime: checkpoint not published")
+	// ErrDirLocked is returned (wrapped) by New when another process, or
+	// another Engine of this one, holds the checkpoint directory.
+	ErrDirLocked = errors.New("runtime: checkpoint directory in use")
 )
+
+// locked reports whether err from opening a checkpoint store says that its
+// directory's lock is held: by another process (flock's EWOULDBLOCK, which
+// the OS words "resource temporarily unavailable") or by this one.
+func locked(err error) bool {
+	return errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EAGAIN) ||
+		strings.Contains(err.Error(), "lock held by current process")
+}
 
 // Config configures an Engine. It is plain data; New validates it.
 type Config struct {
@@ -127,6 +140,7 @@ type Engine struct {
 		history   []CheckpointStatus
 		operators []*OperatorStats
 		state     string
+		describe  map[string]func([]byte) string // offset describers by source UID (watermarks.go)
 	}
 }
 
@@ -166,6 +180,10 @@ func New(cfg Config) (*Engine, error) {
 	store, err := checkpoint.Open(dir, checkpoint.Options{Logger: cfg.Logger, Fingerprint: cfg.Fingerprint})
 	if err != nil {
 		e.removeTmp()
+		if locked(err) {
+			return nil, fmt.Errorf("%w: %s is locked: is the job (or runnel checkpoint) already running on it? "+
+				"Each running job needs a checkpoint directory of its own (%w)", ErrDirLocked, dir, err)
+		}
 		return nil, fmt.Errorf("runtime: open checkpoint store: %w", err)
 	}
 	e.store = store

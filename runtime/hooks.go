@@ -107,9 +107,11 @@ type HookSourceNotify interface {
 
 // HookDeadLetter is called by the task that rejected a record (a Skip or
 // DeadLetter policy), on that task's goroutine. reason is a short,
-// low-cardinality class: "decode" (source decoding or validation),
-// "panic" (a user function panicked) or "error" (a user function failed);
-// policy is "skip" or "dead-letter".
+// low-cardinality class: "decode" (a source record could not be decoded),
+// "validate" (a decoded record failed validation), "process" (a user
+// function failed), "panic" (a user function panicked) or "late" (a record
+// behind the operator's watermark sent to dead letters); policy is "skip"
+// or "dead-letter".
 type HookDeadLetter interface {
 	OnDeadLetter(job, operator, reason, policy string)
 }
@@ -170,6 +172,12 @@ type SplitStats struct {
 	// partition (for broker queues: the broker's max offset minus the
 	// offset of the last completed checkpoint), -1 when unknown.
 	Lag atomic.Int64
+	// Watermark is the split's last event-time watermark (Unix
+	// nanoseconds), NoWatermark while it has none.
+	Watermark atomic.Int64
+	// Idle is set while the split is marked idle (no record for its idle
+	// timeout): it then holds no watermark back.
+	Idle atomic.Bool
 }
 
 // hooks are the type-asserted hooks of an Engine, plus its observability
@@ -316,7 +324,7 @@ func (e *Engine) checkpointEnd(cp *inflight, err error) {
 func (e *Engine) Name() string { return e.cfg.Name }
 
 // Split registers (or returns the registered) stats of a source split. Its
-// Lag starts unknown (-1).
+// Lag starts unknown (-1), its Watermark at NoWatermark.
 func (e *Engine) Split(source, split string) *SplitStats {
 	e.obs.mu.Lock()
 	defer e.obs.mu.Unlock()
@@ -327,6 +335,7 @@ func (e *Engine) Split(source, split string) *SplitStats {
 	}
 	s := &SplitStats{Source: source, Split: split}
 	s.Lag.Store(-1)
+	s.Watermark.Store(NoWatermark)
 	e.obs.mu.splits = append(e.obs.mu.splits, s)
 	return s
 }

@@ -70,17 +70,25 @@ type DeadLetterStatus struct {
 	Operator string    `json:"operator"`
 	// Policy is "dead-letter" or "skip".
 	Policy string `json:"policy"`
-	// Reason is the class of failure: "decode", "panic" or "error".
+	// Reason is the class of failure: "decode" (a source record could not
+	// be decoded), "validate" (a decoded record failed validation),
+	// "process" (a user function failed on it), "panic" (a user function
+	// panicked) or "late" (it arrived behind the operator's watermark).
 	Reason string `json:"reason"`
 	// Error is the failure's message (truncated to 512 bytes).
 	Error string `json:"error"`
 }
 
-// SplitLag is one split's lag as last published by its task (-1: unknown).
+// SplitLag is one split's lag (-1: unknown) and watermark as last
+// published by its task.
 type SplitLag struct {
 	Source string `json:"source"`
 	Split  string `json:"split"`
 	Lag    int64  `json:"lag"`
+	// Watermark is the split's event-time watermark (nil: none yet).
+	Watermark *time.Time `json:"watermark,omitempty"`
+	// Idle is set while the split is idle (see SplitStats.Idle).
+	Idle bool `json:"idle"`
 }
 
 // StatusDocument is the JSON document of GET /status: the Status plus the
@@ -155,7 +163,8 @@ func (e *Engine) RecordDeadLetter(d DeadLetterStatus) {
 func (e *Engine) StatusDocument() StatusDocument {
 	doc := StatusDocument{Status: e.Status(), Lag: []SplitLag{}, SampleInterval: StatusSampleInterval.Milliseconds()}
 	for _, s := range e.SplitStats() {
-		doc.Lag = append(doc.Lag, SplitLag{Source: s.Source, Split: s.Split, Lag: s.Lag.Load()})
+		doc.Lag = append(doc.Lag, SplitLag{Source: s.Source, Split: s.Split, Lag: s.Lag.Load(),
+			Watermark: wmTime(s.Watermark.Load()), Idle: s.Idle.Load()})
 	}
 	p := &e.page
 	p.mu.Lock()

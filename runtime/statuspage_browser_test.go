@@ -199,7 +199,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	// Split rows with numeric lag, checkpoint rows with ids, durations and
 	// sizes, the dead letter with its error, a non-zero throughput.
-	splitRow := regexp.MustCompile(`<tr data-split="clicks/(broker-a/\d)"><td>clicks</td><td>broker-a/\d</td><td class="num lag">([\d,]+)</td><td class="mono">[0-9a-f]+</td></tr>`)
+	splitRow := regexp.MustCompile(`<tr data-split="clicks/(broker-a/\d)"><td>clicks</td><td>broker-a/\d</td><td class="num lag">([\d,]+)</td><td class="wm[^"]*">[^<]*</td><td class="mono">next \d+</td></tr>`)
 	if m := splitRow.FindAllStringSubmatch(dom, -1); len(m) != 3 {
 		t.Errorf("split rows: %d, want 3 with numeric lag", len(m))
 	}

@@ -32,6 +32,13 @@ import (
 // call.
 var ErrEndOfSplit = errors.New("source: end of split")
 
+// ErrUnavailable is wrapped by the errors of Splits (and Open) when the
+// system the source reads cannot be reached for now (no name server or
+// broker answered): worth retrying, unlike a missing topic or bad
+// credentials. A job retries Splits with backoff while it fails so, within
+// its start-up budget (pipeline.StartupTimeout).
+var ErrUnavailable = errors.New("source: unavailable")
+
 // Split identifies one independently readable part of a source (a partition,
 // a message queue, a file). ID must be stable across runs: it keys the
 // split's offset in checkpoints.

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/source/rocketmq"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
@@ -215,17 +214,13 @@ func sortedOffsetKeys(m map[string][]byte) []string {
 
 // describeOffset renders a split offset: RocketMQ source offsets decoded,
 // 8-byte counters (the in-memory sources) as numbers, anything else in hex.
+// describeOffset shows an offset as the status page does (rocketmq.Offset's
+// String, else runtime.DescribeOffset).
 func describeOffset(b []byte) string {
 	if o, err := rocketmq.DecodeOffset(b); err == nil {
-		if o.End >= 0 {
-			return fmt.Sprintf("next %d (stop at %d)", o.Next, o.End)
-		}
-		return fmt.Sprintf("next %d", o.Next)
+		return o.String()
 	}
-	if len(b) == 8 {
-		return fmt.Sprintf("position %d", binary.BigEndian.Uint64(b))
-	}
-	return "hex " + hex.EncodeToString(b)
+	return runtime.DescribeOffset(b)
 }
 
 type resetFlags struct {

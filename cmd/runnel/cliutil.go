@@ -65,11 +65,40 @@ func (f *clusterFlags) route(ctx context.Context, c *client.Client, topic string
 		return r, nil
 	case errors.Is(err, protocol.ErrTopicNotExist):
 		return nil, fmt.Errorf("unknown topic %q: the name server at %s does not know it (see `runnel topic list`, or create it with `runnel topic create %s`)", topic, f.namesrv, topic)
-	case errors.Is(err, client.ErrNoNameServer), errors.Is(err, client.ErrUnreachable):
-		return nil, fmt.Errorf("no name server reachable at %s (is `runnel broker` running? set --namesrv): %w", f.namesrv, err)
+	case unreachable(err):
+		return nil, f.unreachable(err)
 	default:
 		return nil, fmt.Errorf("route of topic %q: %w", topic, err)
 	}
+}
+
+// unreachable reports whether err says that no name server (or broker)
+// could be reached.
+func unreachable(err error) bool {
+	return errors.Is(err, client.ErrNoNameServer) || errors.Is(err, client.ErrUnreachable)
+}
+
+// unreachable is the error of a command whose name servers did not answer,
+// with the hint that every cluster command gives.
+func (f *clusterFlags) unreachable(err error) error {
+	return fmt.Errorf("no name server reachable at %s (is `runnel broker` running? set --namesrv): %w", f.namesrv, err)
+}
+
+// wrap returns err with what failed, or the unreachable hint when no name
+// server answered.
+func (f *clusterFlags) wrap(err error, what string, args ...any) error {
+	if unreachable(err) {
+		return f.unreachable(err)
+	}
+	return fmt.Errorf(what+": %w", append(args, err)...)
+}
+
+// plural returns "1 message", "2 messages".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // readQueues lists the readable queues of a route, sorted.

@@ -35,7 +35,9 @@ func newConsumeCmd() *cobra.Command {
 		Use:   "consume TOPIC",
 		Short: "Tail a topic: print its messages as they arrive",
 		Long: `Reads every queue of TOPIC (or only --queue) and prints each message on one
-line: queue, offset, tags, keys, user properties and the body. It starts at
+line: queue, offset, tags, keys, user properties and the body as it is (a body
+holding newlines or binary data spans lines as it stands: --json prints each
+message as one JSON object, its body escaped). It starts at
 --from and keeps tailing until interrupted (Ctrl-C), until --count messages
 were printed, or until no message arrived for --idle.
 
@@ -170,7 +172,7 @@ func runConsume(ctx context.Context, out, errOut io.Writer, topic string, f *con
 	if p.err != nil {
 		return p.err
 	}
-	fmt.Fprintf(errOut, "consumed %d messages\n", p.n)
+	fmt.Fprintf(errOut, "consumed %s\n", plural(p.n, "message"))
 	return nil
 }
 
@@ -279,7 +281,9 @@ func (p *printer) print(q protocol.MessageQueue, m *protocol.MessageExt) bool {
 		for _, k := range sortedKeys(user) {
 			fmt.Fprintf(&sb, " %s=%s", k, user[k])
 		}
-		fmt.Fprintf(&sb, " body=%q\n", body)
+		sb.WriteString(" body=")
+		sb.Write(body) // as it is: --json escapes
+		sb.WriteByte('\n')
 		_, err = io.WriteString(p.out, sb.String())
 	}
 	if err != nil {

@@ -43,6 +43,7 @@ func TestDemoCommand(t *testing.T) {
 		`(?m)^runnel demo: embedded name server 127\.0\.0\.1:\d+, broker 127\.0\.0\.1:\d+$`,
 		`producing 100% .*\(3000/3000`,
 		`(?m)^checkpoint 1 completed in `,
+		`(?m)^status page: http://127\.0\.0\.1:\d+/ui/ `,
 		fmt.Sprintf(`(?m)^job finished in \S+: 3000 lines, %d words, %d distinct`, words, len(counts)),
 		`(?m)^top 5 words:$`,
 	}

@@ -158,6 +158,9 @@ type checkpointWatcher struct {
 }
 
 func (w *checkpointWatcher) listening(addr string) {
+	w.mu.Lock()
+	fmt.Fprintf(w.out, "status page: http://%s/ui/ (JSON at /status) while the job runs\n", addr)
+	w.mu.Unlock()
 	select {
 	case w.addr <- addr:
 	default:

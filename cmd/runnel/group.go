@@ -76,7 +76,7 @@ func runGroupOffsets(ctx context.Context, out io.Writer, cf *clusterFlags, group
 	defer cancel()
 	offs, err := c.ConsumerOffsets(octx, group, topic)
 	if err != nil {
-		return fmt.Errorf("offsets of group %q on %s: %w", group, topic, err)
+		return cf.wrap(err, "offsets of group %q on %s", group, topic)
 	}
 	qs := make([]protocol.MessageQueue, 0, len(offs))
 	for q := range offs {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -39,5 +40,33 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(newBrokerCmd(), newDemoCmd())
 	root.AddCommand(newTopicCmd(), newProduceCmd(), newConsumeCmd(), newGroupCmd())
 	root.AddCommand(newCheckpointCmd(), newSavepointCmd())
+	failOnUnknownSubcommands(root)
 	return root
+}
+
+// failOnUnknownSubcommands makes every command that only groups
+// subcommands (topic, group, checkpoint …) fail on an argument that names
+// none, with cobra's suggestions, instead of printing its help and
+// exiting 0 (`runnel topic creat x`); without arguments it prints its help.
+func failOnUnknownSubcommands(cmd *cobra.Command) {
+	for _, sub := range cmd.Commands() {
+		failOnUnknownSubcommands(sub)
+	}
+	if cmd.Runnable() || !cmd.HasSubCommands() || cmd.Parent() == nil {
+		return // the root: cobra itself rejects unknown commands there
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return c.Help()
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+		if c.SuggestionsMinimumDistance <= 0 {
+			c.SuggestionsMinimumDistance = 2 // cobra's default for the root
+		}
+		if sugg := c.SuggestionsFor(args[0]); len(sugg) > 0 {
+			msg += "; did you mean " + strings.Join(sugg, " or ") + "?"
+		}
+		return fmt.Errorf("%s (see `%s --help`)", msg, c.CommandPath())
+	}
 }

@@ -42,9 +42,10 @@ skipped, since RocketMQ refuses empty bodies. Lines may be up to 4 MiB long.
 --body sends its value instead (repeat it for several messages).
 
 Every message gets the --tag, the --keys and the --property values given.
-Queues are chosen round robin. A progress bar on stderr shows how many
-messages the broker confirmed (hide it with --no-progress); a summary is
-printed on stdout at the end. The first failed send stops the command.
+Queues are chosen round robin. When stderr is a terminal, a progress bar on
+it shows how many messages the broker confirmed (hide it with --no-progress);
+a summary is printed on stdout at the end. The first failed send stops the
+command.
 
 Examples:
   runnel produce orders --body '{"id":1}' --tag created --keys 1
@@ -130,8 +131,8 @@ func runProduce(ctx context.Context, stdin io.Reader, out, errOut io.Writer, top
 	defer p.Close()
 
 	barOut := errOut
-	if f.noBar {
-		barOut = io.Discard
+	if f.noBar || !isTerminal(errOut) {
+		barOut = io.Discard // a bar in a log file or pipe is noise
 	}
 	bar := progressbar.NewOptions64(total, progressbar.OptionSetWriter(barOut), progressbar.OptionSetDescription("producing"),
 		progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("msgs"),
@@ -184,11 +185,11 @@ func runProduce(ctx context.Context, stdin io.Reader, out, errOut io.Writer, top
 	n := s.done()
 	took := time.Since(start)
 	if err != nil {
-		return fmt.Errorf("produce to %s stopped after %d messages: %w", topic, n, err)
+		return fmt.Errorf("produce to %s stopped after %s: %w", topic, plural(n, "message"), err)
 	}
-	fmt.Fprintf(out, "produced %d messages to %s in %v (%.0f msgs/s)\n", n, topic, took.Round(time.Millisecond), float64(n)/max(took.Seconds(), 1e-9))
+	fmt.Fprintf(out, "produced %s to %s in %v (%.0f msgs/s)\n", plural(n, "message"), topic, took.Round(time.Millisecond), float64(n)/max(took.Seconds(), 1e-9))
 	if skipped > 0 {
-		fmt.Fprintf(out, "skipped %d empty lines\n", skipped)
+		fmt.Fprintf(out, "skipped %s\n", plural(int64(skipped), "empty line"))
 	}
 	return nil
 }
@@ -247,6 +248,17 @@ func (s *sender) done() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.sent
+}
+
+// isTerminal reports whether w is a terminal (a character device, as
+// stderr is in an interactive shell; not a file or a pipe).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // countLines counts the messages a file holds (a last line without newline

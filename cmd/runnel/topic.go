@@ -41,6 +41,7 @@ func newTopicCreateCmd() *cobra.Command {
 		perm    string
 		order   bool
 		noWait  bool
+		force   bool
 		cluster string
 	)
 	cmd := &cobra.Command{
@@ -49,7 +50,9 @@ func newTopicCreateCmd() *cobra.Command {
 		Long: `Creates TOPIC with --queues read and write queues on every master broker of
 --cluster (default ` + broker.DefaultClusterName + `), or on the one broker --broker names, then waits
 until the name server routes it (so the next command finds it). Creating a
-topic that exists updates its configuration.
+topic that exists updates its configuration. Fewer --queues than the topic has
+would make the messages of the queues beyond unreadable: the command refuses,
+saying how many messages they hold, unless --force is given.
 
 Examples:
   runnel topic create orders
@@ -78,12 +81,24 @@ Examples:
 			if target != "" {
 				dest = target
 			}
+			shrink, err := checkShrink(ctx, &cf, c, topic, target, queues)
+			if err != nil {
+				return err
+			}
+			if shrink != nil && !force {
+				return fmt.Errorf("topic %s has %d queues on %s; --queues %d would make queues %d-%d unreadable to consumers, hiding %s they still hold; pass --force to shrink it anyway",
+					topic, shrink.from, strings.Join(shrink.brokers, ", "), queues, queues, shrink.from-1, plural(shrink.messages, "message"))
+			}
 			tc := client.TopicConfig{TopicName: topic, ReadQueueNums: int32(queues), WriteQueueNums: int32(queues), Perm: p, Order: order}
 			cctx, cancel := context.WithTimeout(ctx, cf.timeout)
 			err = c.CreateTopic(cctx, dest, tc)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("create topic %q on %s: %w", topic, dest, err)
+				return cf.wrap(err, "create topic %q on %s", topic, dest)
+			}
+			if shrink != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "runnel: shrank topic %s from %d to %d queues (--force): %s in queues %d-%d are no longer readable\n",
+					topic, shrink.from, queues, plural(shrink.messages, "message"), queues, shrink.from-1)
 			}
 			if !noWait {
 				if err := waitRoute(ctx, c, topic, queues, cf.timeout); err != nil {
@@ -102,7 +117,64 @@ Examples:
 	fl.StringVar(&perm, "perm", "rw", "permissions: rw, r or w")
 	fl.BoolVar(&order, "order", false, "mark the topic as ordered")
 	fl.BoolVar(&noWait, "no-wait", false, "do not wait for the name server to route the topic")
+	fl.BoolVar(&force, "force", false, "shrink an existing topic to fewer queues, making the messages of the others unreadable")
 	return cmd
+}
+
+// shrinkage is what updating an existing topic to fewer queues would hide.
+type shrinkage struct {
+	from     int      // the most read queues of an affected broker
+	brokers  []string // the brokers whose queues shrink
+	messages int64    // messages held in the queues that become unreadable
+}
+
+// checkShrink looks up topic's current route: when giving it queues read
+// queues on the brokers create targets (the broker at target, or all)
+// would drop queues, it returns what would become unreadable (nil when
+// nothing shrinks or the topic does not exist).
+func checkShrink(ctx context.Context, cf *clusterFlags, c *client.Client, topic, target string, queues int) (*shrinkage, error) {
+	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	defer cancel()
+	r, err := c.RefreshRoute(rctx, topic)
+	switch {
+	case errors.Is(err, protocol.ErrTopicNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, cf.wrap(err, "route of topic %q", topic)
+	}
+	var sh shrinkage
+	for _, qd := range r.Data.QueueDatas {
+		if int(qd.ReadQueueNums) <= queues {
+			continue
+		}
+		if target != "" {
+			master := ""
+			for _, bd := range r.Data.BrokerDatas {
+				if bd.BrokerName == qd.BrokerName {
+					master = bd.BrokerAddrs[0]
+				}
+			}
+			if master != target {
+				continue
+			}
+		}
+		sh.from = max(sh.from, int(qd.ReadQueueNums))
+		sh.brokers = append(sh.brokers, qd.BrokerName)
+		for id := queues; id < int(qd.ReadQueueNums); id++ {
+			q := protocol.MessageQueue{Topic: topic, BrokerName: qd.BrokerName, QueueID: int32(id)}
+			lo, err1 := c.MinOffset(rctx, q)
+			hi, err2 := c.MaxOffset(rctx, q)
+			if err := errors.Join(err1, err2); err != nil {
+				return nil, fmt.Errorf("offsets of %s: %w", queueName(q), err)
+			}
+			sh.messages += max(hi-lo, 0)
+		}
+	}
+	if sh.brokers == nil {
+		return nil, nil
+	}
+	slices.Sort(sh.brokers)
+	return &sh, nil
 }
 
 // waitRoute polls the name server until topic is routed with at least
@@ -201,7 +273,7 @@ Examples:
 			defer cancel()
 			topics, err := c.ListTopics(ctx)
 			if err != nil {
-				return fmt.Errorf("list topics at %s: %w", cf.namesrv, err)
+				return cf.wrap(err, "list topics at %s", cf.namesrv)
 			}
 			var ci *protocol.ClusterInfo
 			if !all {
@@ -327,7 +399,7 @@ Example:
 			dctx, cancel := context.WithTimeout(ctx, cf.timeout)
 			defer cancel()
 			if err := c.DeleteTopic(dctx, args[0], cluster); err != nil {
-				return fmt.Errorf("delete topic %q: %w", args[0], err)
+				return cf.wrap(err, "delete topic %q", args[0])
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deleted topic %s\n", args[0])
 			return nil

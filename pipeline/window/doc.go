@@ -34,7 +34,10 @@
 // and the window fires again at once with the updated value (Firing counts
 // the firings of the window's contents: 0 for the first, n for the n-th
 // update; consumers keep the highest). A record whose every window is past
-// its lateness is dropped, or sent to the LateRecords side output. Window
+// its lateness is late: it is counted in the operator's late records (the
+// status page's Late column) and sent to the LateRecords side output, or
+// else to the operator's dead-letter policy, or else dropped (the first
+// drop per subtask is logged). Window
 // state is deleted when the window expires (a timer at End - 1 ns + d; at End
 // - 1 ns for processing-time windows, which are never late). When a bounded
 // input ends, the final watermark fires every pending event-time window;
@@ -67,7 +70,10 @@
 // Exactly-once: a job restored from a checkpoint has the window state,
 // timers and watermarks of that checkpoint, so it emits the same results as
 // a run without failure (when the input order is deterministic, see
-// pipeline's watermark notes on multiple splits).
+// "Event time and watermarks" in package pipeline's documentation on
+// multiple splits). An event-time window fires only when the watermark of
+// every split upstream passes its end: a split that receives no records
+// holds it back until pipeline.IdleTimeout marks it idle.
 //
 // # Differences from Flink
 //

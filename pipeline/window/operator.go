@@ -36,7 +36,12 @@ func AllowedLateness(d time.Duration) Option {
 // (event time only) to the side output tag, selected with
 // pipeline.SideOutput on the operator's stream (Flink's
 // sideOutputLateData). T must be the operator's record type; otherwise the
-// operator fails when it opens. Without it late records are dropped.
+// operator fails when it opens. Without it late records go to the
+// operator's error policy when it is a dead-letter one
+// (OperatorOptions(pipeline.OnError(pipeline.DeadLetter(…)))), with reason
+// "late", and are dropped otherwise (the first drop per subtask is logged).
+// Either way they are counted in the operator's late records (the status
+// page's Late column).
 func LateRecords[T any](tag pipeline.OutputTag[T]) Option {
 	return optionFunc(func(c *config) { c.lateTag = tag })
 }
@@ -397,11 +402,14 @@ func (o *operator[K, T, OUT]) registerCleanup(w span) error {
 	}
 }
 
-// late handles a record after all its windows expired.
+// late handles a record after all its windows expired: counted as late,
+// then sent to the LateRecords side output, or else to the operator's
+// dead-letter policy (dropped, with a warning, without one).
 func (o *operator[K, T, OUT]) late(v T) error {
 	if o.lateTag == nil {
-		return nil
+		return o.ctx.LateRecord(v)
 	}
+	o.ctx.CountLate()
 	return pipeline.EmitSide(o.ctx, *o.lateTag, v)
 }
 

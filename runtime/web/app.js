@@ -44,6 +44,23 @@ function fmtDur(ns) {
   return (ns / 1e3).toFixed(0) + " µs";
 }
 
+// fmtWM formats a watermark (RFC 3339 from the JSON; absent: none yet).
+function fmtWM(s) {
+  if (!s) return "none yet";
+  const d = new Date(s);
+  if (isNaN(d)) return "–";
+  if (d.getUTCFullYear() >= 2262) return "end of input";
+  return d.toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+function wmCell(s, extra) {
+  const c = td(fmtWM(s), "wm" + (s ? "" : " none"));
+  if (extra) c.append(extra);
+  return c;
+}
+
+function tag(text, cls) { return el("span", { class: "tag " + cls }, text); }
+
 function fmtTime(s) {
   const d = new Date(s);
   return isNaN(d) || d.getFullYear() < 2000 ? "–" : d.toLocaleTimeString("en-GB");
@@ -220,7 +237,8 @@ function drawGraph(svg, graph, ops, rateNow) {
     const r = rateNow[n.uid];
     const line = s ? `${fmtShort(n.kind === "source" ? s.recordsOut : s.recordsIn)} rec` + (r !== undefined ? ` · ${fmtShort(r)}/s` : "") : "";
     g.append(el("svg:text", { class: "rate", x: 10, y: 50 }, line));
-    g.append(el("svg:title", {}, `${n.uid} (${n.kind})` + (s ? `\nin ${s.recordsIn} · out ${s.recordsOut} · rejected ${s.recordsRejected}` : "")));
+    g.append(el("svg:title", {}, `${n.uid} (${n.kind})` + (s ? `\nin ${s.recordsIn} · out ${s.recordsOut} · rejected ${s.recordsRejected} · late ${s.recordsLate || 0}` +
+      `\nwatermark ${fmtWM(s.watermark)}` : "")));
     svg.append(g);
   }
 }
@@ -266,6 +284,7 @@ async function refresh() {
   const cps = st.checkpoints || [];
   $("sum-cp").textContent = cps.length ? `#${cps[0].id} ${cps[0].result.split(":")[0]}` : "–";
   $("sum-dead").textContent = fmtInt(ops.reduce((a, o) => a + o.recordsRejected, 0));
+  $("sum-late").textContent = fmtInt(ops.reduce((a, o) => a + (o.recordsLate || 0), 0));
 
   drawGraph($("graph"), st.graph, ops, rateNow);
   // Charts end at the newest sample (the job's clock), not the browser's.
@@ -275,23 +294,37 @@ async function refresh() {
   lineChart($("lag-chart"), $("lag-legend"), lagSeries(hist), tEnd, win);
   lineChart($("rate-chart"), $("rate-legend"), rs, tEnd, win);
 
-  // Splits: lag from the split gauges, offsets from the last checkpoint.
-  const committed = Object.fromEntries((st.splits || []).map((s) => [s.source + "/" + s.split, s.committedOffset]));
-  const keys = new Set([...lags.map((l) => l.source + "/" + l.split), ...Object.keys(committed)]);
-  const lagOf = Object.fromEntries((st.lag || []).map((l) => [l.source + "/" + l.split, l.lag]));
+  // Splits: lag and watermark from the split gauges, offsets from the
+  // last checkpoint (decoded as runnel checkpoint inspect shows them).
+  const committed = Object.fromEntries((st.splits || []).map((s) => [s.source + "/" + s.split, s.offset || s.committedOffset]));
+  const live = Object.fromEntries((st.lag || []).map((l) => [l.source + "/" + l.split, l]));
+  const keys = new Set([...Object.keys(live), ...Object.keys(committed)]);
   fillTable("splits", [...keys].sort().map((k) => {
     const i = k.indexOf("/");
     const tr = el("tr", { "data-split": k });
-    tr.append(td(k.slice(0, i)), td(k.slice(i + 1)), td(fmtInt(lagOf[k]), "num lag"), td(committed[k] || "–", "mono"));
+    const l = live[k];
+    const wm = l ? wmCell(l.watermark, l.idle ? tag("idle", "idle") : null) : td("–");
+    if (l && l.idle) tr.setAttribute("data-idle", "true");
+    tr.append(td(k.slice(0, i)), td(k.slice(i + 1)), td(fmtInt(l ? l.lag : undefined), "num lag"), wm, td(committed[k] || "–", "mono"));
     return tr;
-  }), "no split yet", 4);
+  }), "no split yet", 5);
 
   fillTable("operators", ops.map((o) => {
     const tr = el("tr", { "data-uid": o.uid });
+    const late = o.recordsLate || 0;
+    const held = td("", "held");
+    for (const h of o.heldBy || []) {
+      const item = el("span", { class: "holder", "data-split": h.source + "/" + h.split }, h.source + "/" + h.split);
+      item.append(h.watermark ? tag(fmtWM(h.watermark), "at") : tag("no watermark", "nowm"));
+      if (held.childNodes.length) held.append(document.createTextNode(" "));
+      held.append(item);
+    }
+    if (!held.childNodes.length) held.textContent = "–";
     tr.append(td(o.uid), td(o.kind), td(fmtInt(o.recordsIn), "num"), td(fmtInt(o.recordsOut), "num"),
-      td(fmtInt(o.recordsRejected), "num"), td(rateNow[o.uid] === undefined ? "–" : fmtShort(rateNow[o.uid]), "num"));
+      td(fmtInt(o.recordsRejected), "num"), td(fmtInt(late), "num late" + (late > 0 ? " some" : "")),
+      td(rateNow[o.uid] === undefined ? "–" : fmtShort(rateNow[o.uid]), "num"), wmCell(o.watermark), held);
     return tr;
-  }), "no operator", 6);
+  }), "no operator", 9);
 
   fillTable("checkpoints", cps.map((c) => {
     const tr = el("tr", { "data-id": c.id });

@@ -267,6 +267,14 @@ type fenced[T any] struct {
 	q     protocol.MessageQueue
 }
 
+// Lag implements source.LagReporter: the fenced reader's lag.
+func (f *fenced[T]) Lag() (int64, bool) {
+	if lr, ok := f.SplitReader.(source.LagReporter); ok {
+		return lr.Lag()
+	}
+	return 0, false
+}
+
 func (f *fenced[T]) Poll(ctx context.Context, n int) ([]source.Record[T], error) {
 	if err := f.locks.lost(f.q); err != nil {
 		return nil, err

@@ -32,6 +32,15 @@ func (o Offset) AppendTo(dst []byte) []byte {
 	return binary.BigEndian.AppendUint64(dst, uint64(o.End))
 }
 
+// String describes o as `runnel checkpoint inspect` and the status page
+// show it: "next 405", or "next 405 (stop at 500)" with a stop offset.
+func (o Offset) String() string {
+	if o.End >= 0 {
+		return fmt.Sprintf("next %d (stop at %d)", o.Next, o.End)
+	}
+	return fmt.Sprintf("next %d", o.Next)
+}
+
 // DecodeOffset decodes an Offset encoded by AppendTo (what the source's
 // SplitReader.Offset and Record.Offset hold). Errors wrap
 // source.ErrBadOffset; it never panics.

@@ -219,7 +219,7 @@ func (s *Source) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
 		return nil, err
 	}
 	if _, err := s.c.RefreshRoute(ctx, s.topic); err != nil {
-		return nil, fmt.Errorf("rocketmq source: route of %s: %w", s.topic, err)
+		return nil, routeError(s.topic, err)
 	}
 	return s.list(ctx)
 }
@@ -227,7 +227,7 @@ func (s *Source) DiscoverSplits(ctx context.Context) ([]source.Split, error) {
 func (s *Source) list(ctx context.Context) ([]source.Split, error) {
 	r, err := s.c.Route(ctx, s.topic)
 	if err != nil {
-		return nil, fmt.Errorf("rocketmq source: route of %s: %w", s.topic, err)
+		return nil, routeError(s.topic, err)
 	}
 	qs := r.SubscribeQueues()
 	splits := make([]source.Split, len(qs))
@@ -371,6 +371,23 @@ func (b bytesSource) Open(ctx context.Context, split source.Split, restored []by
 	return withFence[[]byte](b.s, &bytesReader{r: r}, r.q), nil
 }
 
+// DescribeOffset describes an encoded Offset for people: "next 405" (the
+// queue offset of the next message to read), "next 405 (stop at 500)";
+// "" for bytes that are not an Offset. The status page shows checkpointed
+// offsets with it.
+func (s *Source) DescribeOffset(b []byte) string { return describeOffset(b) }
+
+// DescribeOffset is Source.DescribeOffset.
+func (b bytesSource) DescribeOffset(off []byte) string { return describeOffset(off) }
+
+func describeOffset(b []byte) string {
+	o, err := DecodeOffset(b)
+	if err != nil {
+		return ""
+	}
+	return o.String()
+}
+
 // bytesReader converts a reader's records to bodies.
 type bytesReader struct {
 	r    *reader
@@ -387,6 +404,9 @@ func (b *bytesReader) Poll(ctx context.Context, max int) ([]source.Record[[]byte
 }
 
 func (b *bytesReader) Offset() []byte { return b.r.Offset() }
+
+// Lag implements source.LagReporter (see reader.Lag).
+func (b *bytesReader) Lag() (int64, bool) { return b.r.Lag() }
 
 func (b *bytesReader) NotifyCheckpointComplete(ctx context.Context, id uint64) error {
 	return b.r.NotifyCheckpointComplete(ctx, id)
