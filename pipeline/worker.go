@@ -174,15 +174,13 @@ type taskRun struct {
 	id     scaleout.TaskID
 	cancel context.CancelFunc
 	done   chan struct{}
-	// lost is set when the queue's lock was lost: the task must not
-	// publish another checkpoint.
-	lost chan struct{}
-	once sync.Once
 
 	// lockedUntil is when the task's broker lock stops being trusted (zero
-	// while the worker runs it without the lock, its holder having left).
+	// while the worker runs it without the lock, its holder having left);
+	// attempt is the run in progress (nil between runs).
 	lockMu      sync.Mutex
 	lockedUntil time.Time
+	attempt     *taskAttempt
 
 	// status (worker_status.go)
 	statusMu sync.Mutex
@@ -194,9 +192,60 @@ type taskRun struct {
 	job      *Job
 }
 
-// fence makes the task publish nothing more and stops it.
+// taskAttempt is one run of a task (one claim).
+type taskAttempt struct {
+	cancel context.CancelFunc
+	// lost is closed when the queue's lock was lost: the run must not
+	// publish another checkpoint.
+	lost chan struct{}
+	once sync.Once
+}
+
+func (a *taskAttempt) fence() {
+	a.once.Do(func() { close(a.lost) })
+	a.cancel()
+}
+
+func (a *taskAttempt) fenced() bool {
+	select {
+	case <-a.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// begin starts a run of the task under ctx.
+func (tr *taskRun) begin(ctx context.Context) (context.Context, *taskAttempt) {
+	actx, cancel := context.WithCancel(ctx)
+	a := &taskAttempt{cancel: cancel, lost: make(chan struct{})}
+	tr.lockMu.Lock()
+	tr.attempt = a
+	tr.lockMu.Unlock()
+	return actx, a
+}
+
+// loseLock stops the run in progress before its next commit: the queue's
+// lock is another member's now. The task stays assigned: it runs again once
+// the lock is back (or its holder left the group).
+func (tr *taskRun) loseLock() {
+	tr.lockMu.Lock()
+	tr.lockedUntil = time.Time{}
+	a := tr.attempt
+	tr.lockMu.Unlock()
+	if a != nil {
+		a.fence()
+	}
+}
+
+// fence stops the task for good (revoked): its run publishes nothing more.
 func (tr *taskRun) fence() {
-	tr.once.Do(func() { close(tr.lost) })
+	tr.lockMu.Lock()
+	a := tr.attempt
+	tr.lockMu.Unlock()
+	if a != nil {
+		a.fence()
+	}
 	tr.cancel()
 }
 
@@ -442,7 +491,7 @@ func (w *worker) OnAssign(ctx context.Context, qs []protocol.MessageQueue) {
 			continue
 		}
 		tctx, cancel := context.WithCancel(context.Background())
-		tr := &taskRun{q: q, stage: st, id: taskOf(st, q), cancel: cancel, done: make(chan struct{}), lost: make(chan struct{}),
+		tr := &taskRun{q: q, stage: st, id: taskOf(st, q), cancel: cancel, done: make(chan struct{}),
 			state: "waiting-lock", since: time.Now()}
 		w.mu.tasks[q] = tr
 		w.mu.Unlock()
@@ -614,37 +663,45 @@ func (w *worker) lockLoop(ctx context.Context) {
 				members[tr.q.Topic] = ms
 			}
 			if lapsed || ms != nil {
-				w.log.Warn("queue lock lost: stopping its task before its next commit", "task", tr.id.String())
+				w.log.Warn("queue lock lost: stopping its task before its next commit; it runs again once the lock is back", "task", tr.id.String())
 				w.handoff(tr.id.String(), "fenced", "queue lock lost")
-				w.mu.Lock()
-				if w.mu.tasks[tr.q] == tr {
-					delete(w.mu.tasks, tr.q)
-				}
-				w.mu.Unlock()
-				tr.fence()
+				tr.loseLock()
 			}
 		}
 	}
 }
 
-// runTask runs a task until its ctx ends, claiming and running it again
-// after a failure.
+// runTask runs a task until its ctx ends (the queue is revoked): it waits
+// for the queue's lock, claims the task and runs it; after a failure or a
+// lost lock it does so again. A bounded task that finished is not run again.
 func (w *worker) runTask(ctx context.Context, tr *taskRun) {
-	if !w.acquire(ctx, tr) {
-		return
-	}
 	bo := backoff.Policy{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := w.runTaskOnce(ctx, tr)
+		tr.setState("waiting-lock")
+		if !w.acquire(ctx, tr) {
+			return
+		}
+		actx, a := tr.begin(ctx)
+		err := w.runTaskOnce(actx, tr, a)
+		a.cancel()
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				w.log.Warn("task stopped", "task", tr.id.String(), "err", err)
 			}
 			return
 		}
+		if err == nil {
+			tr.setState("finished")
+			w.handoff(tr.id.String(), "finished", "")
+			return
+		}
 		tr.statusMu.Lock()
 		tr.state, tr.lastErr = "failed", err.Error()
 		tr.statusMu.Unlock()
+		if a.fenced() {
+			attempt = -1 // the lock was lost: wait for it again at once
+			continue
+		}
 		ev := "failed"
 		if errors.Is(err, scaleout.ErrFenced) {
 			ev = "fenced"
@@ -661,7 +718,7 @@ func (w *worker) runTask(ctx context.Context, tr *taskRun) {
 	}
 }
 
-func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
+func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun, a *taskAttempt) error {
 	st, id := tr.stage, tr.id
 	tl := st.taskLog(id)
 	tr.setState("claiming")
@@ -722,7 +779,7 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun) error {
 	} else {
 		sc.split = tr.q.BrokerName + "/" + fmt.Sprint(tr.q.QueueID)
 	}
-	sc.commit = &publishHook{w: wr, j: j, lost: tr.lost}
+	sc.commit = &publishHook{w: wr, j: j, lost: a.lost}
 	sc.chains = chainsView{w.follower}
 	j.scope = sc
 	tr.statusMu.Lock()

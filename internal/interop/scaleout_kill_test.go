@@ -85,8 +85,11 @@ func TestScaleoutETLChild(t *testing.T) {
 		}))
 	}
 	var wopts []pipeline.JobOption
-	if os.Getenv(envSOControl) != "" {
+	switch os.Getenv(envSOControl) {
+	case "read-uncommitted":
 		wopts = append(wopts, pipeline.InjectScaleoutFaults(pipeline.ScaleoutFaults{ReadUncommitted: true}))
+	case "skip-confirm":
+		wopts = append(wopts, pipeline.InjectScaleoutFaults(pipeline.ScaleoutFaults{SkipConfirm: true}))
 	}
 	err = etl.Run(ctx, c, etl.Config{In: soIn, Out: soOut, DLQ: soDLQ, Group: soJob, StateDir: os.Getenv(envSODir),
 		CheckpointInterval: interval, Ranges: 8, SinkOptions: sinkOpts, WorkerOptions: wopts,
@@ -104,13 +107,122 @@ type soChild struct {
 }
 
 type soEnv struct {
-	t       *testing.T
-	ns      string
-	b       *broker.Broker
-	c       *client.Client
-	samples []etl.Sample
-	control bool
-	dirs    int
+	t              *testing.T
+	ns             string
+	b              *broker.Broker
+	c              *client.Client
+	samples        []etl.Sample
+	valid, invalid int64
+	control        string // a ScaleoutFaults control mode, "" for none
+	base           string
+	dirs           int
+}
+
+// newSOEnv starts an embedded cluster with the ETL topics (an 8-queue
+// input) and n sample orders of 300 customers in the input.
+func newSOEnv(t *testing.T, n int, seed uint64, control string, bopts ...broker.Option) *soEnv {
+	t.Helper()
+	cl := testutil.RunCluster(t, append([]broker.Option{broker.WithTransactionTimeout(time.Second),
+		broker.WithTransactionCheckInterval(300 * time.Millisecond), broker.WithTransactionCheckMax(1000)}, bopts...)...)
+	// Heartbeats every 500 ms: a broker with a short client expiry (the
+	// zombie test's) would otherwise close this idle client's connection.
+	c := cl.NewClient(t, client.WithHeartbeatInterval(500*time.Millisecond))
+	testutil.CreateTopic(t, c, cl.BrokerAddr, soIn, 8)
+	testutil.CreateTopic(t, c, cl.BrokerAddr, soOut, 8)
+	testutil.CreateTopic(t, c, cl.BrokerAddr, soDLQ, 2)
+	e := &soEnv{t: t, ns: cl.NameServer, b: cl.Broker, c: c, control: control, base: t.TempDir()}
+	e.samples = etl.SampleOrders(n, 300, 100, seed)
+	p := testutil.NewProducer(t, c, "so_input")
+	if err := etl.Produce(context.Background(), c, p, soIn, e.samples, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range e.samples {
+		if s.Valid {
+			e.valid++
+		} else {
+			e.invalid++
+		}
+	}
+	return e
+}
+
+// newDir returns a new, empty state directory.
+func (e *soEnv) newDir() string {
+	e.dirs++
+	return filepath.Join(e.base, fmt.Sprintf("state-%d", e.dirs))
+}
+
+// finish waits until the output covers the input (restarting workers that
+// killed themselves), stops every worker with SIGTERM, reads the output
+// back with the official Go client and returns the E1 oracle's report and
+// its count of problems.
+func (e *soEnv) finish(workers []*soChild, dirs []string) (*etl.Report, int) {
+	t := e.t
+	t.Helper()
+	deadline := time.Now().Add(180 * time.Second)
+	for {
+		o, d := e.committed()
+		if o >= e.valid && d >= e.invalid {
+			break
+		}
+		for i, w := range workers {
+			if w == nil {
+				continue
+			}
+			select {
+			case <-w.done:
+				workers[i] = e.start(w.name+"-again", dirs[i], "")
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d/%d outputs and %d/%d dead letters were committed\nlast worker logs:\n%s", o, e.valid, d, e.invalid, tailLog(workers))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, w := range workers {
+		if w == nil {
+			continue
+		}
+		for !strings.Contains(w.out.String(), soReady) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for i, w := range workers {
+		if w == nil {
+			continue
+		}
+		select {
+		case err := <-w.done:
+			if err != nil && !killedBy(err, syscall.SIGKILL) {
+				t.Errorf("worker %s on SIGTERM: %v\n%s", w.name, err, w.out.String())
+			}
+		case <-time.After(60 * time.Second):
+			_ = w.cmd.Process.Kill()
+			<-w.done
+			t.Errorf("worker %s did not stop on SIGTERM", w.name)
+		}
+		workers[i] = nil
+	}
+	// Pending half messages end by check-back: give them a moment, then
+	// read everything back with the official Go client.
+	time.Sleep(2 * time.Second)
+	out := readAllOfficial(t, e.ns, soOut)
+	dlq := readAllOfficial(t, e.ns, soDLQ)
+	r := etl.Verify(e.samples, out, dlq)
+	bad := r.Missing + r.Duplicated + r.OutOfOrder + r.WrongValue + r.Unexpected + r.DLQMissing + r.DLQDuplicated + r.DLQUnexpected
+	return r, bad
+}
+
+// stopAll SIGKILLs the workers still running (test clean-up).
+func stopAll(workers []*soChild) {
+	for _, w := range workers {
+		if w != nil {
+			_ = w.cmd.Process.Kill()
+			<-w.done
+		}
+	}
 }
 
 func (e *soEnv) start(name, dir, kill string) *soChild {
@@ -118,8 +230,8 @@ func (e *soEnv) start(name, dir, kill string) *soChild {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleoutETLChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envSOChild+"=1", envSONamesrv+"="+e.ns, envSODir+"="+dir, envSOName+"="+name,
 		envSOInterval+"=200ms", envSOKill+"="+kill)
-	if e.control {
-		cmd.Env = append(cmd.Env, envSOControl+"=1")
+	if e.control != "" {
+		cmd.Env = append(cmd.Env, envSOControl+"="+e.control)
 	}
 	ch := &soChild{name: name, cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = ch.out, ch.out
@@ -131,14 +243,19 @@ func (e *soEnv) start(name, dir, kill string) *soChild {
 }
 
 func (e *soEnv) committed() (out, dlq int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	o, err1 := etl.Count(ctx, e.c, soOut)
-	d, err2 := etl.Count(ctx, e.c, soDLQ)
-	if err := errors.Join(err1, err2); err != nil {
-		e.t.Fatal(err)
+	var err error
+	for range 3 { // a connection the broker closed is dialled again
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		o, err1 := etl.Count(ctx, e.c, soOut)
+		d, err2 := etl.Count(ctx, e.c, soDLQ)
+		cancel()
+		if err = errors.Join(err1, err2); err == nil {
+			return o, d
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return o, d
+	e.t.Fatal(err)
+	return 0, 0
 }
 
 // TestScaleoutETLKill is issue 23's proof: the ETL job as 3 worker
@@ -168,53 +285,20 @@ func TestScaleoutETLKill(t *testing.T) {
 }
 
 func testScaleoutETLKill(t *testing.T, control bool) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("RUNNEL_SCALEOUT_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (RUNNEL_SCALEOUT_SEED reproduces the input and the kill plan)", seed)
+	seed := testSeedSO(t)
 	rng := rand.New(rand.NewPCG(seed, 23))
-	cl := testutil.RunCluster(t, broker.WithTransactionTimeout(time.Second), broker.WithTransactionCheckInterval(300*time.Millisecond),
-		broker.WithTransactionCheckMax(1000))
-	c := cl.NewClient(t)
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soIn, 8)
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soOut, 8)
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soDLQ, 2)
-	e := &soEnv{t: t, ns: cl.NameServer, b: cl.Broker, c: c, control: control}
-	n := 100_000
-	e.samples = etl.SampleOrders(n, 300, 100, seed)
-	p := testutil.NewProducer(t, c, "so_input")
-	ctx := context.Background()
-	if err := etl.Produce(ctx, c, p, soIn, e.samples, nil); err != nil {
-		t.Fatal(err)
+	mode := ""
+	if control {
+		mode = "read-uncommitted"
 	}
-	var valid, invalid int64
-	for _, s := range e.samples {
-		if s.Valid {
-			valid++
-		} else {
-			invalid++
-		}
-	}
-	base := t.TempDir()
-	newDir := func() string {
-		e.dirs++
-		return filepath.Join(base, fmt.Sprintf("state-%d", e.dirs))
-	}
+	e := newSOEnv(t, 100_000, seed, mode)
 	workers := make([]*soChild, 3)
 	dirs := make([]string, 3)
 	for i := range workers {
-		dirs[i] = newDir()
+		dirs[i] = e.newDir()
 		workers[i] = e.start(fmt.Sprintf("w%d-0", i), dirs[i], "")
 	}
-	defer func() {
-		for _, w := range workers {
-			if w != nil {
-				_ = w.cmd.Process.Kill()
-				<-w.done
-			}
-		}
-	}()
+	defer stopAll(workers)
 	const kills = 20
 	empty, phase, rebalance := 0, 0, 0
 	for k := range kills {
@@ -240,61 +324,18 @@ func testScaleoutETLKill(t *testing.T, control bool) {
 			kill = strconv.Itoa(1 + rng.IntN(5)) // it kills itself within a commit
 			phase++
 		}
-		if rng.IntN(2) == 0 {
-			dirs[i] = newDir()
+		fresh := rng.IntN(2) == 0
+		if fresh {
+			dirs[i] = e.newDir()
 			empty++
 		}
 		workers[i] = e.start(fmt.Sprintf("w%d-%d", i, k+1), dirs[i], kill)
 		o, d := e.committed()
-		t.Logf("kill %d: worker %d (restart on %s state, self-kill in commit %q): %d outputs, %d dead letters committed",
-			k+1, i, map[bool]string{true: "an empty", false: "its"}[dirs[i] == filepath.Join(base, fmt.Sprintf("state-%d", e.dirs))], kill, o, d)
+		t.Logf("kill %d: worker %d (restarted on %s state directory, self-kill in commit %q): %d outputs, %d dead letters committed",
+			k+1, i, map[bool]string{true: "an empty", false: "its"}[fresh], kill, o, d)
 	}
 	t.Logf("%d kills: %d replacements on an empty state directory, %d during a rebalance, %d self-kills planned within a commit", kills, empty, rebalance, phase)
-	// Let the three finish the input, restarting any that killed itself.
-	deadline := time.Now().Add(180 * time.Second)
-	for {
-		o, d := e.committed()
-		if o >= valid && d >= invalid {
-			break
-		}
-		for i, w := range workers {
-			select {
-			case <-w.done:
-				workers[i] = e.start(w.name+"-again", dirs[i], "")
-			default:
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the kills only %d/%d outputs and %d/%d dead letters were committed\nlast worker logs:\n%s", o, valid, d, invalid, tailLog(workers))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	for _, w := range workers {
-		for !strings.Contains(w.out.String(), soReady) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = w.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for i, w := range workers {
-		select {
-		case err := <-w.done:
-			if err != nil && !killedBy(err, syscall.SIGKILL) {
-				t.Errorf("worker %s on SIGTERM: %v\n%s", w.name, err, w.out.String())
-			}
-		case <-time.After(60 * time.Second):
-			_ = w.cmd.Process.Kill()
-			<-w.done
-			t.Errorf("worker %s did not stop on SIGTERM", w.name)
-		}
-		workers[i] = nil
-	}
-	// Pending half messages end by check-back: give them a moment, then
-	// read everything back with the official Go client.
-	time.Sleep(2 * time.Second)
-	out := readAllOfficial(t, cl.NameServer, soOut)
-	dlq := readAllOfficial(t, cl.NameServer, soDLQ)
-	r := etl.Verify(e.samples, out, dlq)
-	bad := r.Missing + r.Duplicated + r.OutOfOrder + r.WrongValue + r.Unexpected + r.DLQMissing + r.DLQDuplicated + r.DLQUnexpected
+	r, bad := e.finish(workers, dirs)
 	t.Logf("oracle: %s", r)
 	if control {
 		if bad == 0 {
@@ -306,6 +347,15 @@ func testScaleoutETLKill(t *testing.T, control bool) {
 	if bad != 0 {
 		t.Fatalf("oracle: %s\n%s", r, strings.Join(r.Examples, "\n"))
 	}
+}
+
+func testSeedSO(t *testing.T) uint64 {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("RUNNEL_SCALEOUT_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (RUNNEL_SCALEOUT_SEED reproduces the input and the kill plan)", seed)
+	return seed
 }
 
 // runWithoutRace runs the tests matching run in a child `go test` of this
