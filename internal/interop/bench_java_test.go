@@ -33,33 +33,42 @@ import (
 // BenchmarkJavaPeer puts runnel's broker and client side by side with
 // Apache RocketMQ's own (javapeer: the Java broker 5.3.3 from Maven Central
 // and its official Java client) and the official Go client, in the same
-// run on the same machine (issue 21's figures). Rows:
+// run on the same machine (issue 21's figures). Rows, in this order:
 //
+//	op=rss/msgs=N/broker=B                       resident memory after N sends of 1 KiB
 //	op=produce/flush=F/size=S/broker=B/impl=I   64 sends in flight
 //	op=pull/broker=B/impl=I                      draining a queue, 32 per pull
 //	op=latency/broker=B/impl=I                   produce→consume, long polling
-//	op=rss/msgs=N/broker=B                       resident memory after N sends
 //
 // broker=runnel is `runnel broker` (embedded name server + broker, Pebble
 // store) in a child process; broker=java is the Java broker JVM (its name
 // server is a JVM of its own, measured nowhere here), started by javapeer
 // with its harness settings: -Xms320m -Xmx320m, SerialGC, 64 MiB commit log
 // files, flushDiskType ASYNC_FLUSH, or SYNC_FLUSH for flush=sync (runnel:
-// --flush async / sync). impl=runnel is runnel's client (transport/client),
-// impl=official the official Go client (rocketmq-client-go), both in this
-// process, and impl=java the official Java client, unmodified, in one
-// long-lived driver JVM (driver/Bench.java, full JIT) that runs each load on
-// request: JVM start, client start and a warm-up phase happen before the
-// measured window, and the JVM reports the window's wall and CPU time itself.
+// --flush async / sync), plus waitTimeMillsInSendQueue=5000 (see broker).
+// impl=runnel is runnel's client (transport/client), impl=official the
+// official Go client (rocketmq-client-go), both in this process, and
+// impl=java the official Java client, unmodified, in one long-lived driver
+// JVM (driver/Bench.java, full JIT) that runs each load on request: JVM
+// start and client start happen before the measured windows, and the JVM
+// reports each window's wall and CPU time itself.
+//
+// JIT: before the first rows of an op, warmJIT runs the loads of the JVMs
+// involved until their CPU per message stops falling; every row's first
+// call also runs its load briefly unmeasured. op=rss runs first, on the
+// fresh async brokers, which then serve the other async rows (its 1M
+// messages are their first load; it waits for them to be idle afterwards).
 //
 // Metrics: msgs/s; client-cpu-ns/msg, the client process's CPU per message
 // (this process for the Go clients, the driver JVM for Java, GC and JIT
 // included); broker-cpu-ns/msg, the broker process's (clock_gettime on its
-// CPU-time clock, nanosecond resolution); p50-ms and p99-ms; rss-MiB
-// (VmRSS of /proc/PID/status), anon-MiB (RssAnon: heap, stacks and other
-// private memory, without the file pages a broker has mapped, which the
-// kernel may drop) and idle-rss-MiB (VmRSS before the first send). scripts/bench.sh
-// prints them by broker (-col /broker) and by client (-col /impl).
+// CPU-time clock, nanosecond resolution: the Java broker's own threads,
+// not the kernel's writeback of its mapped files); p50-ms and p99-ms;
+// rss-MiB (VmRSS of /proc/PID/status), anon-MiB (RssAnon: heap, stacks and
+// other private memory, without the file pages a broker has mapped, which
+// the kernel may drop) and idle-rss-MiB (VmRSS before the first send).
+// scripts/bench.sh prints them by broker (-col /broker) and by client
+// (-col /impl).
 //
 // It skips, saying why, where Java or Maven is missing (javapeer.Require)
 // and off Linux. -short stores 100k messages instead of 1M for op=rss
@@ -69,23 +78,23 @@ func BenchmarkJavaPeer(b *testing.B) {
 		b.Skip("reads the brokers' CPU time and memory from Linux's /proc and process CPU clocks")
 	}
 	pe := &peerEnv{parent: b, dist: javapeer.Require(b), brokers: map[string]*peerBroker{}}
+	b.Run("op=rss", pe.benchRSS)
 	b.Run("op=produce", pe.benchProduce)
 	b.Run("op=pull", pe.benchPull)
 	b.Run("op=latency", pe.benchLatency)
-	b.Run("op=rss", pe.benchRSS)
 }
 
 // Brokers and clients of BenchmarkJavaPeer.
 const (
-	peerInFlight    = benchInFlight // sends in flight
-	peerWarm        = 2000          // messages each client sends to a topic before its first measured window
-	peerWarmChunk   = 10000         // messages per chunk of a JIT warm-up (warmSteady)
-	peerWarmMin     = 4             // chunks of a JIT warm-up, at least
-	peerWarmMax     = 12            // and at most
-	peerPullPreload = 20000         // 128-byte messages in a pull queue
-	peerPullBatch   = 32            // messages per pull
-	peerLatencyWarm = 300           // probes before a latency row's first measured one
-	peerRSSBatch    = 32            // messages per batch send while storing op=rss's messages
+	peerInFlight    = benchInFlight          // sends in flight
+	peerWarmRow     = 300 * time.Millisecond // load of a row before its first measured window
+	peerWarmChunk   = time.Second            // chunk of a JIT warm-up (warmSteady)
+	peerWarmMin     = 3                      // chunks of a JIT warm-up, at least
+	peerWarmMax     = 10                     // and at most
+	peerPullPreload = 20000                  // 128-byte messages in a pull queue
+	peerPullBatch   = 32                     // messages per pull
+	peerLatencyWarm = 300                    // probes before a latency row's first measured one
+	peerRSSBatch    = 32                     // messages per batch send while storing op=rss's messages
 )
 
 var peerBrokers = []string{"runnel", "java"}
@@ -117,6 +126,7 @@ func (p parentTB) TempDir() string  { return p.parent.TempDir() }
 // peerBroker is a running broker of either kind and runnel's clients of it.
 type peerBroker struct {
 	name string // runnel or java
+	key  string // flush/name, unique among the benchmark's brokers
 	env  *brokerEnv
 	pid  func() int
 	stop func()
@@ -145,16 +155,15 @@ func (pe *peerEnv) official(b *testing.B, pb *peerBroker) rocketmq.Producer {
 }
 
 // broker returns the broker name (runnel or java) with flush mode flush
-// (async or sync), starting it on first use; fresh starts another that is
-// not shared (op=rss), stopped with the benchmark.
-func (pe *peerEnv) broker(b *testing.B, name, flush string, fresh bool) *peerBroker {
+// (async or sync), starting it on first use.
+func (pe *peerEnv) broker(b *testing.B, name, flush string) *peerBroker {
 	b.Helper()
 	key := flush + "/" + name
-	if pb := pe.brokers[key]; pb != nil && !fresh {
+	if pb := pe.brokers[key]; pb != nil {
 		return pb
 	}
 	tb := parentTB{TB: b, parent: pe.parent}
-	pb := &peerBroker{name: name}
+	pb := &peerBroker{name: name, key: key}
 	switch name {
 	case "runnel":
 		if pe.bin == "" {
@@ -163,7 +172,7 @@ func (pe *peerEnv) broker(b *testing.B, name, flush string, fresh bool) *peerBro
 		p := startBrokerProcFlush(tb, pe.bin, filepath.Join(tb.TempDir(), "data"), flush)
 		pb.env = &brokerEnv{nsAddr: p.nsAddr, addr: p.addr}
 		pb.pid = func() int { return p.cmd.Process.Pid }
-		pb.stop = func() { _ = p.cmd.Process.Kill(); <-p.done }
+		pb.stop = func() { _ = p.cmd.Process.Kill(); <-p.done } // its cleanup's Kill is then a no-op
 	case "java":
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
@@ -187,45 +196,131 @@ func (pe *peerEnv) broker(b *testing.B, name, flush string, fresh bool) *peerBro
 	}
 	pb.rc = newRunnelClient(tb, pb.env)
 	pb.rp = newRunnelProducer(tb, pb.rc, uniqueName("peerRP"), client.WithRetries(0))
-	if !fresh {
-		pe.warmBroker(b, pb)
-		pe.brokers[key] = pb
+	stop := pb.stop
+	pb.stop = func() { // runnel's clients first (Close is idempotent), so that they do not redial
+		_ = pb.rp.Close()
+		_ = pb.rc.Close()
+		stop()
 	}
+	pe.brokers[key] = pb
 	return pb
 }
 
-// warmBroker sends messages of 128 B and 1 KiB through a shared broker
-// before its first row until its CPU per message is steady (warmSteady):
-// the Java broker's JIT compiles its hot paths over the first tens of
-// thousands of messages, and the rows would otherwise measure the
-// compiler; runnel's broker gets the same treatment.
-func (pe *peerEnv) warmBroker(b *testing.B, pb *peerBroker) {
-	b.Helper()
-	topic, _ := pe.topic(b, pb, "PeerWarm", 8)
-	small, large := make([]byte, 128), make([]byte, 1024)
-	ctx := context.Background()
-	w := newWindow(peerInFlight, func(i int, done func(error)) {
-		body := small
-		if i%2 == 1 {
-			body = large
+// load runs one row's load: n messages, or when n is 0 for about d, and
+// returns how many messages it sent or read, its wall time and the client
+// process's CPU time.
+type load func(n int, d time.Duration) (msgs int64, wall, cpu time.Duration)
+
+// goLoad is the load of a Go client in this process: run(n, d) sends or
+// reads n messages or, when n is 0, for d, and returns how many.
+func goLoad(run func(n int, d time.Duration) int64) load {
+	return func(n int, d time.Duration) (int64, time.Duration, time.Duration) {
+		cpu, start := cputime.Process(), time.Now()
+		msgs := run(n, d)
+		return msgs, time.Since(start), cputime.Process() - cpu
+	}
+}
+
+// javaLoad is a Java driver request as a load (count=, ms= added).
+func (pe *peerEnv) javaLoad(b *testing.B, op string, args ...string) load {
+	jb := pe.javaDriver(b)
+	return func(n int, d time.Duration) (int64, time.Duration, time.Duration) {
+		ev := jb.call(b, op, append(args, "count="+strconv.Itoa(n), "ms="+strconv.FormatInt(d.Milliseconds(), 10))...)
+		if ev.Int("failed") > 0 {
+			b.Fatalf("%d sends failed, first: %s", ev.Int("failed"), ev.Str("first_error"))
 		}
-		pb.rp.SendAsync(ctx, func(_ client.SendResult, err error) { done(err) }, &client.Message{Topic: topic, Body: body})
-	})
-	warmSteady(b, "broker="+pb.name, func(n int) float64 {
-		c := pb.cpu(b)
-		w.run(n)
-		if err := w.err(); err != nil {
-			b.Fatalf("warming broker=%s: %v", pb.name, err)
+		msgs := ev.Int("sent") + ev.Int("got")
+		return msgs, time.Duration(ev.Int("ns")), time.Duration(ev.Int("cpu_ns"))
+	}
+}
+
+// peerImpl is one client's row of an op on a broker: its name (runnel,
+// java, official) and its load, made for the (sub-)benchmark that runs it.
+type peerImpl struct {
+	name string
+	load func(b *testing.B) load
+}
+
+// warmJIT warms, before an op's rows on pb, what a JVM must compile first:
+// the Java broker's JIT compiles its hot paths over the first seconds of a
+// load, the Java client's too, and the rows would otherwise measure the
+// compilers. On the first op rows of a Java broker it runs every client's
+// load in turn (each client's requests take paths of their own there, JSON
+// or binary headers for one); on a runnel broker, the first time only, the
+// Java client's. Chunks go on until the JVMs' CPU per message is steady
+// (warmSteady). runnel's broker and the Go clients have no JIT: their rows
+// get row's short warm-up only.
+func (pe *peerEnv) warmJIT(b *testing.B, pb *peerBroker, op string, impls []peerImpl) {
+	broker := pb.name == "java" && pe.firstUse("jit/"+op+"/"+pb.key)
+	client := pe.firstUse("jit/" + op + "/client=java")
+	if !broker && !client {
+		return
+	}
+	var loads []load
+	var java []bool
+	for _, im := range impls {
+		if broker || im.name == "java" {
+			loads = append(loads, im.load(b))
+			java = append(java, im.name == "java")
 		}
-		return float64(pb.cpu(b)-c) / float64(n)
+	}
+	what := op + " on broker=" + pb.name
+	if !broker {
+		what = op + " of the Java client"
+	}
+	warmSteady(b, what, func(d time.Duration) float64 {
+		var msgs int64
+		var jvm time.Duration
+		bcpu := pb.cpu(b)
+		for i, l := range loads {
+			n, _, cpu := l(0, d/time.Duration(len(loads)))
+			msgs += n
+			if java[i] {
+				jvm += cpu
+			}
+		}
+		if broker {
+			jvm += pb.cpu(b) - bcpu
+		}
+		return float64(jvm) / float64(msgs)
 	})
 }
 
-// warmSteady calls chunk(peerWarmChunk), which sends or reads that many
-// messages and returns a CPU time per message, until that stops falling:
-// until neither of the last two chunks is 10 % below the best before them
-// (at least peerWarmMin, at most peerWarmMax chunks).
-func warmSteady(b *testing.B, what string, chunk func(n int) float64) {
+// row measures b.N messages of l on pb and reports them (reportPeer); its
+// first call (key's first use) runs l for peerWarmRow unmeasured first
+// (routes, connections, caches).
+func (pe *peerEnv) row(b *testing.B, pb *peerBroker, key string, size int, l load) {
+	if pe.firstUse(key) {
+		l(0, peerWarmRow)
+	}
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	bcpu := pb.cpu(b)
+	msgs, wall, cpu := l(b.N, 0)
+	bcpu = pb.cpu(b) - bcpu
+	b.StopTimer()
+	reportPeer(b, msgs, wall, cpu, bcpu)
+}
+
+// runRows warms pb for op's rows (warmJIT) and runs one impl=NAME
+// sub-benchmark per client.
+func (pe *peerEnv) runRows(b *testing.B, pb *peerBroker, op, key string, size int, impls []peerImpl) {
+	pe.warmJIT(b, pb, op, impls)
+	for _, im := range impls {
+		b.Run("impl="+im.name, func(b *testing.B) {
+			if im.name != "java" {
+				defer labelClient()()
+			}
+			pe.row(b, pb, key+"/"+im.name, size, im.load(b))
+		})
+	}
+}
+
+// warmSteady calls chunk(peerWarmChunk), which sends or reads messages for
+// that long and returns their CPU time per message, until that stops
+// falling: until neither of the last two chunks is 10 % below the best
+// before them (at least peerWarmMin, at most peerWarmMax chunks).
+func warmSteady(b *testing.B, what string, chunk func(d time.Duration) float64) {
 	b.Helper()
 	var seen []float64
 	for len(seen) < peerWarmMax {
@@ -234,7 +329,7 @@ func warmSteady(b *testing.B, what string, chunk func(n int) float64) {
 			break
 		}
 	}
-	b.Logf("warm-up of %s: %d×%d messages, CPU ns/msg %.0f", what, len(seen), peerWarmChunk, seen)
+	b.Logf("warm-up of %s: %d×%v, CPU ns/msg %.0f", what, len(seen), peerWarmChunk, seen)
 }
 
 // stopBrokers stops the shared brokers of flush mode flush (their memory
@@ -290,23 +385,30 @@ func reportPeer(b *testing.B, msgs int64, elapsed, clientCPU, brokerCPU time.Dur
 func (pe *peerEnv) benchProduce(b *testing.B) {
 	for _, fm := range benchFlushModes {
 		b.Run("flush="+fm.name, func(b *testing.B) {
-			defer pe.stopBrokers(fm.name)
+			if fm.name == "sync" { // the async ones serve op=pull and op=latency too
+				defer pe.stopBrokers(fm.name)
+			}
 			for _, size := range benchSizes {
 				b.Run("size="+size.name, func(b *testing.B) {
 					for _, bn := range peerBrokers {
 						b.Run("broker="+bn, func(b *testing.B) {
-							pb := pe.broker(b, bn, fm.name, false)
+							pb := pe.broker(b, bn, fm.name)
 							topic, _ := pe.topic(b, pb, "PeerProduce", 8)
 							body := make([]byte, size.n)
 							for i := range body {
 								body[i] = byte('a' + i%26)
 							}
-							b.Run("impl=runnel", func(b *testing.B) {
-								pe.produceGo(b, pb, topic+"/runnel", body, runnelSender(b, pb.rp, topic, body, peerInFlight))
-							})
-							b.Run("impl=java", func(b *testing.B) { pe.produceJava(b, pb, topic, size.n) })
-							b.Run("impl=official", func(b *testing.B) {
-								pe.produceGo(b, pb, topic+"/official", body, officialSender(b, pe.official(b, pb), topic, body, peerInFlight))
+							pe.runRows(b, pb, "produce", "produce/"+topic, size.n, []peerImpl{
+								{"runnel", func(b *testing.B) load {
+									return sendLoad(b, runnelSender(b, pb.rp, topic, body, peerInFlight))
+								}},
+								{"java", func(b *testing.B) load {
+									return pe.javaLoad(b, "produce", "ns="+pb.env.nsAddr, "topic="+topic,
+										"size="+strconv.Itoa(size.n), "inflight="+strconv.Itoa(peerInFlight))
+								}},
+								{"official", func(b *testing.B) load {
+									return sendLoad(b, officialSender(b, pe.official(b, pb), topic, body, peerInFlight))
+								}},
 							})
 						})
 					}
@@ -316,61 +418,24 @@ func (pe *peerEnv) benchProduce(b *testing.B) {
 	}
 }
 
-// produceGo runs b.N sends of a Go client (send, from runnelSender or
+// sendLoad is the load of a Go client's send (from runnelSender or
 // officialSender) with peerInFlight outstanding.
-func (pe *peerEnv) produceGo(b *testing.B, pb *peerBroker, key string, body []byte, send func(int, func(error))) {
-	defer labelClient()()
-	if pe.firstUse(key) {
+func sendLoad(b *testing.B, send func(int, func(error))) load {
+	return goLoad(func(n int, d time.Duration) int64 {
 		w := newWindow(peerInFlight, send)
-		w.run(peerWarm)
+		if n > 0 {
+			w.run(n)
+		} else {
+			for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+				w.run(1000)
+				n += 1000
+			}
+		}
 		if err := w.err(); err != nil {
-			b.Fatalf("warm-up: %v", err)
+			b.Fatal(err)
 		}
-	}
-	w := newWindow(peerInFlight, send)
-	b.SetBytes(int64(len(body)))
-	b.ResetTimer()
-	bcpu, cpu, start := pb.cpu(b), cputime.Process(), time.Now()
-	w.run(b.N)
-	elapsed, cpu, bcpu := time.Since(start), cputime.Process()-cpu, pb.cpu(b)-bcpu
-	b.StopTimer()
-	if err := w.err(); err != nil {
-		b.Fatal(err)
-	}
-	reportPeer(b, int64(b.N), elapsed, cpu, bcpu)
-}
-
-// produceJava runs b.N async sends of the official Java client with
-// peerInFlight outstanding.
-func (pe *peerEnv) produceJava(b *testing.B, pb *peerBroker, topic string, size int) {
-	jb := pe.javaDriver(b)
-	args := func(n int) []string {
-		return []string{"ns=" + pb.env.nsAddr, "topic=" + topic, "size=" + strconv.Itoa(size),
-			"count=" + strconv.Itoa(n), "inflight=" + strconv.Itoa(peerInFlight)}
-	}
-	warm := func(n int) float64 {
-		ev := jb.call(b, "produce", args(n)...)
-		if ev.Int("failed") > 0 {
-			b.Fatalf("warm-up: %d sends failed, first: %s", ev.Int("failed"), ev.Str("first_error"))
-		}
-		return float64(ev.Int("cpu_ns")) / float64(n)
-	}
-	if pe.firstUse("java-jit") {
-		warmSteady(b, "the Java client", warm)
-	}
-	if pe.firstUse(topic + "/java") {
-		warm(peerWarm)
-	}
-	b.SetBytes(int64(size))
-	b.ResetTimer()
-	bcpu := pb.cpu(b)
-	ev := jb.call(b, "produce", args(b.N)...)
-	bcpu = pb.cpu(b) - bcpu
-	b.StopTimer()
-	if ev.Int("failed") > 0 {
-		b.Fatalf("%d sends failed, first: %s", ev.Int("failed"), ev.Str("first_error"))
-	}
-	reportPeer(b, int64(b.N), time.Duration(ev.Int("ns")), time.Duration(ev.Int("cpu_ns")), bcpu)
+		return int64(n)
+	})
 }
 
 // ---- pull -------------------------------------------------------------------
@@ -379,7 +444,7 @@ func (pe *peerEnv) benchPull(b *testing.B) {
 	ctx := context.Background()
 	for _, bn := range peerBrokers {
 		b.Run("broker="+bn, func(b *testing.B) {
-			pb := pe.broker(b, bn, "async", false)
+			pb := pe.broker(b, bn, "async")
 			topic, qs := pe.topic(b, pb, "PeerPull", 1)
 			body := make([]byte, 128)
 			w := newWindow(peerInFlight, func(_ int, done func(error)) {
@@ -390,67 +455,51 @@ func (pe *peerEnv) benchPull(b *testing.B) {
 				b.Fatalf("preload: %v", err)
 			}
 			var pc rocketmq.PullConsumer // impl=official's, started on first use
-			b.Run("impl=runnel", func(b *testing.B) {
-				pe.pullGo(b, pb, "pull/"+bn+"/runnel", func(off int64) int {
-					res, err := pb.rc.Pull(ctx, client.PullRequest{Queue: qs[0], Offset: off, MaxMsgs: peerPullBatch, Group: "peerPullR"})
-					if err != nil || res.Status != client.PullFound {
-						b.Fatalf("Pull @%d: %v %v", off, res, err)
-					}
-					return len(res.Messages)
-				})
-			})
-			b.Run("impl=java", func(b *testing.B) {
-				jb := pe.javaDriver(b)
-				args := func(n int) []string {
-					return []string{"ns=" + pb.env.nsAddr, "topic=" + topic, "count=" + strconv.Itoa(n), "wrap=" + strconv.Itoa(peerPullPreload)}
-				}
-				if pe.firstUse("pull/" + bn + "/java") {
-					warmSteady(b, "pull/"+bn+"/java", func(n int) float64 {
-						bcpu := pb.cpu(b)
-						ev := jb.call(b, "pull", args(n)...)
-						return float64(ev.Int("cpu_ns")+int64(pb.cpu(b)-bcpu)) / float64(ev.Int("got"))
+			mq := &primitive.MessageQueue{Topic: topic, BrokerName: qs[0].BrokerName, QueueId: 0}
+			pe.runRows(b, pb, "pull", "pull/"+pb.key, 128, []peerImpl{
+				{"runnel", func(b *testing.B) load {
+					return pullLoad(func(off int64) int {
+						res, err := pb.rc.Pull(ctx, client.PullRequest{Queue: qs[0], Offset: off, MaxMsgs: peerPullBatch, Group: "peerPullR"})
+						if err != nil || res.Status != client.PullFound {
+							b.Fatalf("Pull @%d: %v %v", off, res, err)
+						}
+						return len(res.Messages)
 					})
-				}
-				b.SetBytes(128)
-				b.ResetTimer()
-				bcpu := pb.cpu(b)
-				ev := jb.call(b, "pull", args(b.N)...)
-				bcpu = pb.cpu(b) - bcpu
-				b.StopTimer()
-				reportPeer(b, ev.Int("got"), time.Duration(ev.Int("ns")), time.Duration(ev.Int("cpu_ns")), bcpu)
-			})
-			b.Run("impl=official", func(b *testing.B) {
-				mq := &primitive.MessageQueue{Topic: topic, BrokerName: qs[0].BrokerName, QueueId: 0}
-				if pc == nil {
-					pc = newLitePull(parentTB{TB: b, parent: pe.parent}, pb.env, uniqueName("peerPullO"))
-					if err := pc.Assign(topic, []*primitive.MessageQueue{mq}); err != nil {
-						b.Fatal(err)
+				}},
+				{"java", func(b *testing.B) load {
+					return pe.javaLoad(b, "pull", "ns="+pb.env.nsAddr, "topic="+topic, "wrap="+strconv.Itoa(peerPullPreload))
+				}},
+				{"official", func(b *testing.B) load {
+					if pc == nil {
+						pc = newLitePull(parentTB{TB: b, parent: pe.parent}, pb.env, uniqueName("peerPullO"))
+						if err := pc.Assign(topic, []*primitive.MessageQueue{mq}); err != nil {
+							b.Fatal(err)
+						}
+						if err := pc.Start(); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if err := pc.Start(); err != nil {
-						b.Fatal(err)
-					}
-				}
-				pe.pullGo(b, pb, "pull/"+bn+"/official", func(off int64) int {
-					res, err := pc.PullFrom(ctx, mq, off, peerPullBatch)
-					if err != nil || res.Status != primitive.PullFound {
-						b.Fatalf("PullFrom @%d: %v %v", off, res, err)
-					}
-					return len(res.GetMessageExts())
-				})
+					return pullLoad(func(off int64) int {
+						res, err := pc.PullFrom(ctx, mq, off, peerPullBatch)
+						if err != nil || res.Status != primitive.PullFound {
+							b.Fatalf("PullFrom @%d: %v %v", off, res, err)
+						}
+						return len(res.GetMessageExts())
+					})
+				}},
 			})
 		})
 	}
 }
 
-// pullGo reads at least b.N messages with pull (a Go client's pull of up to
-// peerPullBatch messages from an offset), from offset 0 on, wrapping around
-// at peerPullPreload. The row's first call warms the client's and the
-// broker's pull paths first (warmSteady on their CPU per message).
-func (pe *peerEnv) pullGo(b *testing.B, pb *peerBroker, key string, pull func(off int64) int) {
-	defer labelClient()()
-	loop := func(n int) int64 {
+// pullLoad is the load of a Go client's pull (of up to peerPullBatch
+// messages from an offset): reading the preloaded queue from offset 0 on,
+// wrapping around at peerPullPreload.
+func pullLoad(pull func(off int64) int) load {
+	return goLoad(func(n int, d time.Duration) int64 {
 		var off, got int64
-		for got < int64(n) {
+		deadline := time.Now().Add(d)
+		for n > 0 && got < int64(n) || n == 0 && time.Now().Before(deadline) {
 			k := pull(off)
 			got += int64(k)
 			if off += int64(k); off >= peerPullPreload {
@@ -458,21 +507,7 @@ func (pe *peerEnv) pullGo(b *testing.B, pb *peerBroker, key string, pull func(of
 			}
 		}
 		return got
-	}
-	if pe.firstUse(key) {
-		warmSteady(b, key, func(n int) float64 {
-			bcpu, cpu := pb.cpu(b), cputime.Process()
-			got := loop(n)
-			return float64(cputime.Process()-cpu+pb.cpu(b)-bcpu) / float64(got)
-		})
-	}
-	b.SetBytes(128)
-	b.ResetTimer()
-	bcpu, cpu, start := pb.cpu(b), cputime.Process(), time.Now()
-	got := loop(b.N)
-	elapsed, cpu, bcpu := time.Since(start), cputime.Process()-cpu, pb.cpu(b)-bcpu
-	b.StopTimer()
-	reportPeer(b, got, elapsed, cpu, bcpu)
+	})
 }
 
 // ---- latency ----------------------------------------------------------------
@@ -522,7 +557,7 @@ func awaitProbe(ch <-chan arrival, seq int64, d time.Duration) (time.Duration, b
 func (pe *peerEnv) benchLatency(b *testing.B) {
 	for _, bn := range peerBrokers {
 		b.Run("broker="+bn, func(b *testing.B) {
-			pb := pe.broker(b, bn, "async", false)
+			pb := pe.broker(b, bn, "async")
 			b.Run("impl=runnel", func(b *testing.B) { pe.latencyRunnel(b, pb) })
 			b.Run("impl=java", func(b *testing.B) {
 				jb := pe.javaDriver(b)
@@ -746,12 +781,13 @@ func (pe *peerEnv) benchRSS(b *testing.B) {
 			var idle memStatus
 			b.Run("broker="+bn, func(b *testing.B) {
 				if pb == nil {
-					// A broker of its own (async flush), so that no earlier row
-					// weighs on its memory, stopped with the benchmark.
-					pb = pe.broker(b, bn, "async", true)
+					// op=rss runs first: the shared async brokers start here,
+					// and the later rows find them warm.
+					pb = pe.broker(b, bn, "async")
 					topic, _ := pe.topic(b, pb, "PeerRSS", 8)
 					idle = readMem(b, pb.pid())
 					pe.store(b, pb, topic, n)
+					pe.awaitIdle(b, pb)
 				}
 				b.ResetTimer()
 				var m memStatus
@@ -766,6 +802,23 @@ func (pe *peerEnv) benchRSS(b *testing.B) {
 			})
 		}
 	})
+}
+
+// awaitIdle waits, up to a minute, until pb uses less than 5 % of a core
+// over half a second: the work a broker defers after a burst of sends
+// (Pebble's compactions, the Java broker's consume queue and flush
+// services) ends before its memory is read and the next rows start.
+func (pe *peerEnv) awaitIdle(b *testing.B, pb *peerBroker) {
+	const window = 500 * time.Millisecond
+	start := time.Now()
+	for time.Since(start) < time.Minute {
+		c := pb.cpu(b)
+		time.Sleep(window)
+		if pb.cpu(b)-c < window/20 {
+			break
+		}
+	}
+	b.Logf("broker=%s idle after %v", pb.name, time.Since(start).Round(100*time.Millisecond))
 }
 
 // store sends n 1 KiB messages to topic with runnel's producer, in batches

@@ -11,7 +11,6 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.BlockingQueue;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
@@ -52,13 +51,14 @@ import dev.runnel.javapeer.Driver.Args;
 // are created on first use per name server (and topic, for latency) and
 // kept until "quit" or the end of the control connection.
 //
-//   produce ns= topic= size= count= inflight=   async sends of count
-//       messages of size bytes, at most inflight outstanding (retries off).
-//       Answers sent, failed, ns (wall time), cpu_ns (this JVM's CPU time)
-//       of exactly those sends.
-//   pull ns= topic= count= wrap=   DefaultMQPullConsumer.pull loop on queue
-//       0 (32 per pull) from a cursor kept per topic, wrapping to 0 at wrap,
-//       until count messages were read. Answers got, ns, cpu_ns.
+//   produce ns= topic= size= count= inflight= [ms=]   async sends of count
+//       messages of size bytes (count=0: for ms milliseconds), at most
+//       inflight outstanding (retries off). Answers sent, failed, ns (wall
+//       time), cpu_ns (this JVM's CPU time) of exactly those sends.
+//   pull ns= topic= count= wrap= [ms=]   DefaultMQPullConsumer.pull loop on
+//       queue 0 (32 per pull) from a cursor kept per topic, wrapping to 0 at
+//       wrap, until count messages were read (count=0: for ms
+//       milliseconds). Answers got, ns, cpu_ns.
 //   latency ns= topic= count=   one message at a time (sync send, 128 B,
 //       its sequence and send time in the body) to a push consumer of the
 //       same JVM (long polling); the next is sent once the previous one
@@ -165,11 +165,11 @@ final class Bench {
         Map<String, Object> produce(Map<String, String> r) throws Exception {
             DefaultMQProducer p = producer(req(r, "ns"));
             String topic = req(r, "topic");
-            int count = num(r, "count");
+            int count = num(r, "count"), inflight = num(r, "inflight");
+            long until = until(r);
             byte[] body = new byte[num(r, "size")];
             Arrays.fill(body, (byte) 'a');
-            Semaphore window = new Semaphore(num(r, "inflight"));
-            CountDownLatch all = new CountDownLatch(count);
+            Semaphore window = new Semaphore(inflight);
             AtomicLong failed = new AtomicLong();
             AtomicReference<String> firstErr = new AtomicReference<>();
             SendCallback cb = new SendCallback() {
@@ -179,17 +179,16 @@ final class Bench {
                         firstErr.compareAndSet(null, res.getSendStatus().name());
                     }
                     window.release();
-                    all.countDown();
                 }
                 @Override public void onException(Throwable e) {
                     failed.incrementAndGet();
                     firstErr.compareAndSet(null, e.toString());
                     window.release();
-                    all.countDown();
                 }
             };
             long cpu0 = cpuNanos(), t0 = System.nanoTime();
-            for (int i = 0; i < count; i++) {
+            long sent = 0;
+            for (; count > 0 ? sent < count : System.nanoTime() < until; sent++) {
                 window.acquire();
                 try {
                     p.send(new Message(topic, body), cb);
@@ -197,10 +196,17 @@ final class Bench {
                     cb.onException(e);
                 }
             }
-            if (!all.await(300, TimeUnit.SECONDS)) throw new IllegalStateException("async sends did not finish in 300 s");
+            // every send has completed once the whole window is free again
+            if (!window.tryAcquire(inflight, 300, TimeUnit.SECONDS)) throw new IllegalStateException("async sends did not finish in 300 s");
             long wall = System.nanoTime() - t0, cpu = cpuNanos() - cpu0;
-            return obj("ev", "done", "sent", count - failed.get(), "failed", failed.get(), "first_error", firstErr.get(),
+            return obj("ev", "done", "sent", sent - failed.get(), "failed", failed.get(), "first_error", firstErr.get(),
                 "ns", wall, "cpu_ns", cpu);
+        }
+
+        // until is the deadline of a request with ms= (count=0: run for ms
+        // milliseconds instead of a count).
+        static long until(Map<String, String> r) {
+            return System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Long.parseLong(r.getOrDefault("ms", "0")));
         }
 
         Map<String, Object> pull(Map<String, String> r) throws Exception {
@@ -224,9 +230,10 @@ final class Bench {
                 queues.put(key, mq);
             }
             long off = cursors.getOrDefault(key, 0L);
+            long until = until(r);
             long cpu0 = cpuNanos(), t0 = System.nanoTime();
             int got = 0;
-            while (got < count) {
+            while (count > 0 ? got < count : System.nanoTime() < until) {
                 PullResult res = c.pull(mq, "*", off, 32);
                 if (res.getPullStatus() != PullStatus.FOUND) {
                     throw new IllegalStateException("pull " + topic + " @" + off + ": " + res.getPullStatus());
