@@ -90,10 +90,10 @@ const (
 	peerWarmRow     = 300 * time.Millisecond // load of a row before its first measured window
 	peerWarmChunk   = time.Second            // chunk of a JIT warm-up (warmSteady)
 	peerWarmMin     = 3                      // chunks of a JIT warm-up, at least
-	peerWarmMax     = 10                     // and at most
+	peerWarmMax     = 6                      // and at most
 	peerPullPreload = 20000                  // 128-byte messages in a pull queue
 	peerPullBatch   = 32                     // messages per pull
-	peerLatencyWarm = 300                    // probes before a latency row's first measured one
+	peerLatencyWarm = 200                    // probes before a latency row's first measured one
 	peerRSSBatch    = 32                     // messages per batch send while storing op=rss's messages
 )
 
@@ -804,14 +804,14 @@ func (pe *peerEnv) benchRSS(b *testing.B) {
 	})
 }
 
-// awaitIdle waits, up to a minute, until pb uses less than 5 % of a core
+// awaitIdle waits, up to 30 s, until pb uses less than 5 % of a core
 // over half a second: the work a broker defers after a burst of sends
 // (Pebble's compactions, the Java broker's consume queue and flush
 // services) ends before its memory is read and the next rows start.
 func (pe *peerEnv) awaitIdle(b *testing.B, pb *peerBroker) {
 	const window = 500 * time.Millisecond
 	start := time.Now()
-	for time.Since(start) < time.Minute {
+	for time.Since(start) < 30*time.Second {
 		c := pb.cpu(b)
 		time.Sleep(window)
 		if pb.cpu(b)-c < window/20 {
