@@ -13,8 +13,15 @@
 #    tagged benchmark file through -overlay. If that fails the official
 #    frame rows are skipped and a warning says so.
 #
-# Raw output goes to .bench/ (gitignored). Then it prints two benchstat
-# tables: runnel vs official side by side (-col /impl), and the rest.
+# internal/interop's BenchmarkJavaPeer also runs Apache RocketMQ's own Java
+# broker and Java client (internal/javapeer; it skips, saying why, without
+# Java and Maven): its rows get two tables of their own, runnel's broker vs
+# the Java broker (-col /broker) and runnel's client vs the official Java and
+# Go clients (-col /impl).
+#
+# Raw output goes to .bench/ (gitignored). Then it prints the benchstat
+# tables: runnel vs official side by side (-col /impl), the Java-peer
+# tables, and the rest.
 #
 # Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
 # benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
@@ -80,14 +87,30 @@ echo "== internal/interop benchmarks" >&2
 cat "$out/root.txt" "$out/interop.txt" >"$out/all.txt"
 benchstat() { (cd "$interop" && $GO tool benchstat "$@"); }
 paired='/impl:(runnel OR official)'
+peer='.name:JavaPeer' # BenchmarkJavaPeer: runnel next to Apache RocketMQ's Java broker and clients
 echo
 echo "### runnel (base) vs official rocketmq-client-go, same run: the official column's delta is relative to runnel"
 echo
-benchstat -col /impl@'(runnel official)' -filter "$paired" "$out/interop.txt"
+benchstat -col /impl@'(runnel official)' -filter "$paired -$peer" "$out/interop.txt"
+if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
+	# Their own metrics only: ns/op, MB/s, B/op and allocs/op are this Go
+	# process's, which for impl=java (a JVM) and the brokers (child
+	# processes) say nothing.
+	sed -E -e '/^(goos|goarch|pkg|cpu):|^BenchmarkJavaPeer\//!d' \
+		-e 's#\t *[0-9.e+-]+ (ns/op|MB/s|B/op|allocs/op)##g' "$out/interop.txt" >"$out/javapeer.txt"
+	echo
+	echo "### runnel's broker (base) vs Apache RocketMQ's Java broker 5.3.3, same client, same run (impl=java: the official Java client; impl=official: rocketmq-client-go)"
+	echo
+	benchstat -col /broker@'(runnel java)' "$out/javapeer.txt"
+	echo
+	echo "### runnel's client (base) vs the official Java client and rocketmq-client-go, on each broker, same run"
+	echo
+	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
+fi
 echo
 echo "### other benchmarks"
 echo
-benchstat -filter "-$paired" "runnel=$out/all.txt"
+benchstat -filter "-$paired -$peer" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2

@@ -34,7 +34,17 @@ var clientJVM = []string{"-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredS
 type Driver struct {
 	dist    *Dist
 	classes string
-	dir     string // user.home of the JVMs: the client's log files
+	dir     string   // user.home of the JVMs: the client's log files
+	jvm     []string // JVM flags; nil: clientJVM
+}
+
+// WithJVM returns a Driver like dr whose JVMs run with flags instead of
+// the small, quick-starting defaults (a benchmark's long-lived driver
+// wants the full JIT and a fixed heap).
+func (dr *Driver) WithJVM(flags ...string) *Driver {
+	c := *dr
+	c.jvm = append([]string{}, flags...)
+	return &c
 }
 
 // Driver compiles the driver against d's client jars, once per source hash
@@ -157,7 +167,11 @@ func (dr *Driver) Start(ctx context.Context, namesrv, command string, args ...st
 		return nil, errors.New("javapeer: driver args come in --flag value pairs")
 	}
 	cp := dr.classes + string(os.PathListSeparator) + dr.dist.Classpath()
-	argv := append(append([]string{}, clientJVM...), "-Duser.home="+dr.dir, "-Drocketmq.client.logUseSlf4j=false",
+	jvm := clientJVM
+	if dr.jvm != nil {
+		jvm = dr.jvm
+	}
+	argv := append(append([]string{}, jvm...), "-Duser.home="+dr.dir, "-Drocketmq.client.logUseSlf4j=false",
 		"-cp", cp, driverClass, command, "--namesrv", namesrv)
 	argv = append(argv, args...)
 	cmd := exec.Command(dr.dist.Java, argv...)
