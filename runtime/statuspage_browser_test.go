@@ -39,7 +39,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		t.Skipf("SKIP: %s not installed (Debian: apt-get install -y chromium); the status page is not tested in a browser", chromiumPath)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const topic = "clicks"
 	cl := embedded.Run(t, embedded.WithTopic(topic, 3))
@@ -161,7 +161,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	dir := t.TempDir()
 	chrome := func(args ...string) []byte {
 		t.Helper()
-		cctx, ccancel := context.WithTimeout(ctx, 60*time.Second)
+		cctx, ccancel := context.WithTimeout(ctx, 100*time.Second)
 		defer ccancel()
 		base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
 			"--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",

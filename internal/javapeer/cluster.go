@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
 // bootTimeout bounds one JVM's start until "boot success"; generous because
@@ -192,7 +196,52 @@ func (d *Dist) StartCluster(ctx context.Context, dir string, opts ...Option) (*C
 		return nil, err
 	}
 	c.mu.broker = bk
+	if err := c.awaitRegistration(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// registrationTimeout bounds the wait for the name server to list a
+// booted broker.
+const registrationTimeout = 60 * time.Second
+
+// awaitRegistration waits until the name server lists the broker: a 5.x
+// broker prints "boot success" before its first registration has been
+// answered, so a client could otherwise find no route right after start.
+// A name server that refuses the query (ACL) is not waited for.
+func (c *Cluster) awaitRegistration(ctx context.Context) error {
+	cl, err := client.New(client.WithNameServers(c.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1")))
+	if err != nil {
+		return fmt.Errorf("javapeer: %w", err)
+	}
+	defer func() { _ = cl.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, registrationTimeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var last error
+	for {
+		ci, err := cl.ClusterInfo(ctx)
+		var perr *protocol.Error
+		switch {
+		case err == nil:
+			if bd, ok := ci.BrokerAddrTable[c.BrokerName]; ok && bd.BrokerAddrs[0] == c.Broker {
+				return nil
+			}
+			last = fmt.Errorf("the name server does not list %s at %s yet", c.BrokerName, c.Broker)
+		case errors.As(err, &perr):
+			return nil // it answers, but not this query: nothing to wait on
+		default:
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("javapeer: broker %s not registered with %s: %w (last: %v)\n%s", c.Broker, c.NameServer, ctx.Err(), last, c.Logs())
+		case <-t.C:
+		}
+	}
 }
 
 // startJVM starts one of the cluster's JVMs and waits for "boot success".

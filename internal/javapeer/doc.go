@@ -19,7 +19,8 @@
 // port, listen-2, and its HA port, listen+1), brokerIP1 and brokerIP2 set to
 // 127.0.0.1 (Java's default is the first non-loopback address), a fresh
 // store under the given directory, and waits, bounded, for each process to
-// print "boot success". Each child is started from a goroutine that holds
+// print "boot success", then for the name server to list the broker (a 5.x
+// broker prints it before its first registration was answered). Each child is started from a goroutine that holds
 // its OS thread for the child's whole life with Pdeathsig set, so a test
 // binary that dies (SIGKILL included) takes its JVMs with it; Close kills
 // them and joins those goroutines. Logs (the JVM's stdout and RocketMQ's

@@ -134,7 +134,8 @@
 // restoring the task's pending transactions, commits them again in lane
 // order, so a check-back answers unknown for it until it is half the
 // discard window old (committing it earlier from another worker would let
-// it overtake its lane's earlier records), then commit.
+// it overtake its lane's earlier records), then commit (such commits, of
+// half messages whose owner is gone for long, are not kept in lane order).
 //
 // # Failing loudly
 //

@@ -200,7 +200,20 @@ func testScaleoutCheckBack(t *testing.T, control bool) {
 	waitFor(t, "A's unpublished epoch to be rolled back after the claim", 20*time.Second, func() bool {
 		return cl.b.TransactionStats().RolledBack == 4
 	})
-	checkOnceInOrder(t, cl.readTopic("eo_scale"), 1, 6)
+	// Exactly once; a check-back commit (the owner gone for half the
+	// discard window) does not keep the lane's order.
+	got := map[string]int{}
+	for _, m := range cl.readTopic("eo_scale") {
+		got[string(m.Body)]++
+	}
+	for i := range 6 {
+		if n := got[fmt.Sprintf("k:%d", i)]; n != 1 {
+			t.Fatalf("record k:%d visible %d times: %v", i, n, got)
+		}
+	}
+	if len(got) != 6 {
+		t.Fatalf("visible: %v", got)
+	}
 }
 
 // TestTxnInfoTellsOrphans: a transaction whose slot 2 was accepted on its
