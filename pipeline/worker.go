@@ -926,7 +926,9 @@ func (w *worker) standbyLoop(ctx context.Context) {
 			})
 		}
 		w.mu.Unlock()
-		w.stopStandbys(drop)
+		if len(drop) > 0 { // (nil would stop every copy)
+			w.stopStandbys(drop)
+		}
 	}
 }
 

@@ -199,3 +199,180 @@ var workerLogLevel = func() slog.Level {
 	}
 	return slog.LevelWarn
 }()
+
+// workerRig runs RunWorker processes' worth of workers of one keyed job in
+// this test process (each with its own client and state directory).
+type workerRig struct {
+	t     *testing.T
+	cl    *testutil.Cluster
+	topic string
+	out   *outputs
+	log   *slog.Logger
+}
+
+type runningWorker struct {
+	cancel context.CancelFunc
+	done   chan error
+	addr   chan string
+}
+
+func newWorkerRig(t *testing.T, topic string) *workerRig {
+	cl := testutil.RunCluster(t)
+	admin := cl.NewClient(t)
+	testutil.CreateTopic(t, admin, cl.BrokerAddr, topic, 4)
+	return &workerRig{t: t, cl: cl, topic: topic, out: &outputs{seen: map[string][]int64{}},
+		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: workerLogLevel}))}
+}
+
+func (r *workerRig) produce(n int, want map[string]int64) {
+	r.t.Helper()
+	c := r.cl.NewClient(r.t)
+	p := testutil.NewProducer(r.t, c, "rig_producer")
+	for i := range n {
+		k := fmt.Sprintf("k%02d", (i*7)%40)
+		want[k]++
+		if _, err := p.Send(context.Background(), &client.Message{Topic: r.topic, Body: []byte(k)}); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// start starts a worker named name on dir; countUID names the keyed
+// operator (a different one makes another job layout).
+func (r *workerRig) start(name, dir, countUID string, opts ...pipeline.JobOption) runningWorker {
+	c := r.cl.NewClient(r.t, client.WithInstanceName(name))
+	build := func(j *pipeline.Job) error {
+		src, err := srcmq.New(c, r.topic)
+		if err != nil {
+			return err
+		}
+		lines := pipeline.FromBytes(j, "src", src.Bytes(), state.StringCodec())
+		counts := pipeline.Process(pipeline.KeyBy(lines, func(s string) string { return s }).WithCodec(state.StringCodec()), countUID,
+			func() pipeline.KeyedProcessFunc[string, string, keyCount] { return &countFn{} })
+		pipeline.To(counts, "out", sink.NewFunc(func(_ context.Context, kc keyCount) error { r.out.add(kc); return nil }, nil))
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := runningWorker{cancel: cancel, done: make(chan error, 1), addr: make(chan string, 1)}
+	all := append([]pipeline.JobOption{pipeline.CheckpointDir(dir), pipeline.Ranges(4), pipeline.CheckpointInterval(200 * time.Millisecond),
+		pipeline.Logger(r.log), pipeline.StatusAddress("127.0.0.1:0", func(a string) { w.addr <- a })}, opts...)
+	go func() { w.done <- pipeline.RunWorker(ctx, c, "rigjob", build, all...) }()
+	return w
+}
+
+func (w runningWorker) stop(t *testing.T) {
+	t.Helper()
+	w.cancel()
+	select {
+	case err := <-w.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("worker: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+}
+
+func workerStatus(t *testing.T, addr string) pipeline.WorkerStatus {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st pipeline.WorkerStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestWorkerRefusesAnotherFingerprint: a worker built with another keyed
+// operator (a job whose checkpoints would not restore) or another number of
+// ranges refuses to start while the job's chains hold the running build's
+// checkpoints, and says why; the same build starts again (a rolling
+// restart) and goes on where the other left off.
+func TestWorkerRefusesAnotherFingerprint(t *testing.T) {
+	r := newWorkerRig(t, "fp_in")
+	want := map[string]int64{}
+	a := r.start("fA", filepath.Join(t.TempDir(), "a"), "count")
+	r.produce(100, want)
+	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return r.out.check(want) })
+	a.stop(t)
+	for _, tc := range []struct {
+		name string
+		uid  string
+		opts []pipeline.JobOption
+	}{{"another keyed operator", "count2", nil}, {"another number of ranges", "count", []pipeline.JobOption{pipeline.Ranges(2)}}} {
+		b := r.start("fB", filepath.Join(t.TempDir(), "b"), tc.uid, tc.opts...)
+		select {
+		case err := <-b.done:
+			if !errors.Is(err, pipeline.ErrWorkerFingerprint) {
+				t.Fatalf("%s: RunWorker returned %v, want ErrWorkerFingerprint", tc.name, err)
+			}
+			t.Logf("%s: %v", tc.name, err)
+		case <-time.After(60 * time.Second):
+			b.cancel()
+			t.Fatalf("%s: the worker took the job's tasks", tc.name)
+		}
+		b.cancel()
+	}
+	c := r.start("fC", filepath.Join(t.TempDir(), "c"), "count")
+	r.produce(100, want)
+	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return r.out.check(want) })
+	c.stop(t)
+}
+
+// TestWorkerStandbyTakesOver: with Standbys(1) each worker keeps a warm
+// copy of the other's tasks; when one leaves, the other restores every task
+// it inherits from its copy (applying only the last checkpoints), not from
+// the broker's snapshot, and the counts go on exactly.
+func TestWorkerStandbyTakesOver(t *testing.T) {
+	r := newWorkerRig(t, "sb_in")
+	want := map[string]int64{}
+	a := r.start("sA", filepath.Join(t.TempDir(), "a"), "count", pipeline.Standbys(1))
+	b := r.start("sB", filepath.Join(t.TempDir(), "b"), "count", pipeline.Standbys(1))
+	addrA := <-a.addr
+	r.produce(400, want)
+	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return r.out.check(want) })
+	// A keeps caught-up copies of B's tasks.
+	var mine int
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		st := workerStatus(t, addrA)
+		mine = len(st.Tasks)
+		if mine == 0 || mine == 8 {
+			return fmt.Errorf("A owns %d of 8 tasks", mine)
+		}
+		if len(st.Standbys) != 8-mine {
+			return fmt.Errorf("A keeps %d standbys, B owns %d tasks", len(st.Standbys), 8-mine)
+		}
+		for _, sb := range st.Standbys {
+			if sb.At == 0 || sb.Lag > 1 {
+				return fmt.Errorf("standby %+v not caught up", sb)
+			}
+		}
+		return nil
+	})
+	b.stop(t)
+	r.produce(400, want)
+	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return r.out.check(want) })
+	st := workerStatus(t, addrA)
+	if len(st.Tasks) != 8 {
+		t.Fatalf("A owns %d tasks after B left", len(st.Tasks))
+	}
+	inherited := 0
+	for _, tk := range st.Tasks {
+		if tk.Restore == nil || tk.Restore.Checkpoint == 0 {
+			continue // one of A's own from the start
+		}
+		inherited++
+		if !tk.Restore.Reused || tk.Restore.FromSnapshot {
+			t.Fatalf("task %s restored %+v: want its standby copy reused", tk.Task, tk.Restore)
+		}
+		t.Logf("%s: restored from the standby copy, %d checkpoints applied (%d bytes) in %v", tk.Task, tk.Restore.Segments, tk.Restore.Bytes, tk.Restore.Duration)
+	}
+	if inherited != 8-mine {
+		t.Fatalf("A restored %d inherited tasks, want %d", inherited, 8-mine)
+	}
+	a.stop(t)
+}

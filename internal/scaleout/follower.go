@@ -222,8 +222,8 @@ func (f *Follower) run(fw *followed) {
 	bo := backoff.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
 	attempt := 0
 	wait := func(err error) bool {
-		if ctx.Err() != nil {
-			return false
+		if ctx.Err() != nil || errors.Is(err, client.ErrClosed) {
+			return false // stopping: the follower or its client closed
 		}
 		f.log.Warn("scaleout: following commit chain", "task", fw.task, "queue", fw.q.String(), "err", err)
 		d := bo.Delay(attempt)
