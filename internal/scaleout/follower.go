@@ -225,7 +225,9 @@ func (f *Follower) run(fw *followed) {
 		if ctx.Err() != nil || errors.Is(err, client.ErrClosed) {
 			return false // stopping: the follower or its client closed
 		}
-		f.log.Warn("scaleout: following commit chain", "task", fw.task, "queue", fw.q.String(), "err", err)
+		if attempt > 0 { // one failed pull (a connection closing) is no news
+			f.log.Warn("scaleout: following commit chain", "task", fw.task, "queue", fw.q.String(), "err", err)
+		}
 		d := bo.Delay(attempt)
 		attempt++
 		t := time.NewTimer(d)
