@@ -124,13 +124,27 @@ func newSOEnv(t *testing.T, n int, seed uint64, control string, bopts ...broker.
 	t.Helper()
 	cl := testutil.RunCluster(t, append([]broker.Option{broker.WithTransactionTimeout(time.Second),
 		broker.WithTransactionCheckInterval(300 * time.Millisecond), broker.WithTransactionCheckMax(1000)}, bopts...)...)
+	e := &soEnv{t: t, ns: cl.NameServer, b: cl.Broker, control: control, base: t.TempDir()}
+	e.setup(cl.BrokerAddr, n, seed)
+	return e
+}
+
+// setup creates the ETL topics on the broker at addr and loads n sample
+// orders into the input.
+func (e *soEnv) setup(addr string, n int, seed uint64) {
+	t := e.t
 	// Heartbeats every 500 ms: a broker with a short client expiry (the
 	// zombie test's) would otherwise close this idle client's connection.
-	c := cl.NewClient(t, client.WithHeartbeatInterval(500*time.Millisecond))
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soIn, 8)
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soOut, 8)
-	testutil.CreateTopic(t, c, cl.BrokerAddr, soDLQ, 2)
-	e := &soEnv{t: t, ns: cl.NameServer, b: cl.Broker, c: c, control: control, base: t.TempDir()}
+	c, err := client.New(client.WithNameServers(e.ns), client.WithClientIP(netip.MustParseAddr("127.0.0.1")),
+		client.WithHeartbeatInterval(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	e.c = c
+	testutil.CreateTopic(t, c, addr, soIn, 8)
+	testutil.CreateTopic(t, c, addr, soOut, 8)
+	testutil.CreateTopic(t, c, addr, soDLQ, 2)
 	e.samples = etl.SampleOrders(n, 300, 100, seed)
 	p := testutil.NewProducer(t, c, "so_input")
 	if err := etl.Produce(context.Background(), c, p, soIn, e.samples, nil); err != nil {
@@ -143,7 +157,6 @@ func newSOEnv(t *testing.T, n int, seed uint64, control string, bopts ...broker.
 			e.invalid++
 		}
 	}
-	return e
 }
 
 // newDir returns a new, empty state directory.
@@ -160,10 +173,18 @@ func (e *soEnv) finish(workers []*soChild, dirs []string) (*etl.Report, int) {
 	t := e.t
 	t.Helper()
 	deadline := time.Now().Add(180 * time.Second)
+	var last [2]int64
+	var since time.Time
 	for {
 		o, d := e.committed()
+		// Covered, and stable for 2 s (duplicates could cover the input
+		// while orders are still being processed).
 		if o >= e.valid && d >= e.invalid {
-			break
+			if [2]int64{o, d} != last {
+				last, since = [2]int64{o, d}, time.Now()
+			} else if time.Since(since) > 2*time.Second {
+				break
+			}
 		}
 		for i, w := range workers {
 			if w == nil {
