@@ -257,6 +257,15 @@ func runScaleoutDemo(ctx context.Context, f scaleoutDemoFlags, out io.Writer) (e
 	}
 	fmt.Fprintf(out, "%v's %s moved in %v: %s\n", victim, plural(int64(len(lost)), "task"), time.Since(killed).Round(time.Millisecond), d.moves(lost, before, v, "to"))
 
+	// Tasks taken over from the killed worker run without their queue lock
+	// until the broker expires the dead worker's (the commit chain fences
+	// it meanwhile).
+	lockless := map[string]bool{}
+	for id, ts := range v.tasks {
+		if !ts[0].Locked {
+			lockless[id] = true
+		}
+	}
 	repl, err := d.startWorker(ctx)
 	if err != nil {
 		return err
@@ -286,6 +295,16 @@ func runScaleoutDemo(ctx context.Context, f scaleoutDemoFlags, out io.Writer) (e
 	}
 	slices.Sort(gained)
 	fmt.Fprintf(out, "%v took %s in %v: %s\n", repl, plural(int64(len(gained)), "task"), time.Since(joined).Round(time.Millisecond), d.moves(gained, before, v, "from"))
+	waited := 0
+	for _, id := range gained {
+		if lockless[id] {
+			waited++
+		}
+	}
+	if waited > 0 {
+		fmt.Fprintf(out, "(%d of them had been taken over from %v without their queue lock, which the broker keeps for the dead worker until it expires (--lock-expiry %v): %v waited for that)\n",
+			waited, victim, f.lockExpiry, repl)
+	}
 	fmt.Fprintln(out, "the tasks now:")
 	d.printAssignment(v)
 
@@ -523,10 +542,18 @@ func (d *scaleoutDemo) moves(ids []string, before map[string]*soWorker, v *soVie
 		// A store on the new owner's disk whose checkpoint lies on the
 		// task's chain: a standby's copy, or its own from when it owned
 		// the task before.
-		how = append(how, fmt.Sprintf("%d resumed from a copy on the new owner's disk", reused))
+		from := "the new owner's own earlier copy on its disk"
+		if d.f.standbys > 0 {
+			from = "a copy on the new owner's disk (a standby's, or its own earlier one)"
+		}
+		how = append(how, fmt.Sprintf("%d resumed from %s", reused, from))
 	}
 	if n := len(ids) - reused; n > 0 {
-		how = append(how, fmt.Sprintf("%d restored from the broker (%d from a snapshot)", n, snapshots))
+		r := fmt.Sprintf("%d restored from the broker", n)
+		if snapshots > 0 {
+			r += fmt.Sprintf(" (%d from a snapshot)", snapshots)
+		}
+		how = append(how, r)
 	}
 	how = append(how, fmt.Sprintf("%d changelog segments, %s applied", segments, kib(bytes)))
 	return fmt.Sprintf("%s; state: %s, the slowest restore %v", strings.Join(parts, ", "), strings.Join(how, ", "), slowest.Round(time.Millisecond))

@@ -404,7 +404,9 @@ func age(now, t time.Time) string {
 	d := now.Sub(t)
 	switch {
 	case d < 0:
-		return "0s"
+		return "0s" // the writer's clock is ahead
+	case d < time.Second:
+		return d.Round(10 * time.Millisecond).String()
 	case d < 10*time.Second:
 		return d.Round(100 * time.Millisecond).String()
 	case d < time.Hour:
