@@ -238,6 +238,10 @@ func runScaleoutDemo(ctx context.Context, f scaleoutDemoFlags, out io.Writer) (e
 	if err != nil {
 		return err
 	}
+	// The assignment as of the kill (it may have changed since the first).
+	if v, err = d.waitView(ctx, "every task to be running", 0, func(v *soView) bool { return v.settled() }); err != nil {
+		return err
+	}
 	victim := d.workers[f.kill-1]
 	before := v.owners()
 	var lost []string
@@ -302,7 +306,7 @@ func runScaleoutDemo(ctx context.Context, f scaleoutDemoFlags, out io.Writer) (e
 		}
 	}
 	if waited > 0 {
-		fmt.Fprintf(out, "(%d of them had been taken over from %v without their queue lock, which the broker keeps for the dead worker until it expires (--lock-expiry %v): %v waited for that)\n",
+		fmt.Fprintf(out, "(%d of them had been taken over from %v without the queue lock, which the broker keeps for the dead worker until it expires (--lock-expiry %v): %v waited for that)\n",
 			waited, victim, f.lockExpiry, repl)
 	}
 	fmt.Fprintln(out, "the tasks now:")
@@ -354,10 +358,10 @@ func (d *scaleoutDemo) startWorker(ctx context.Context) (*soWorker, error) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for w.id == "" {
+		if err := d.exited(w); err != nil {
+			return nil, err
+		}
 		select {
-		case err := <-j.done:
-			w.dead = true
-			return nil, fmt.Errorf("demo scaleout: %v exited early: %v\n%s", w, err, j.out.String())
 		case <-ctx.Done():
 			return nil, fmt.Errorf("demo scaleout: %v did not serve its status: %w\n%s", w, ctx.Err(), j.out.String())
 		case <-t.C:
@@ -373,6 +377,24 @@ func (d *scaleoutDemo) startWorker(ctx context.Context) (*soWorker, error) {
 		}
 	}
 	return w, nil
+}
+
+// errWorkerExited is returned when a worker process ended by itself.
+var errWorkerExited = errors.New("demo scaleout: a worker exited")
+
+// exited returns an error wrapping errWorkerExited, with its output, when
+// the live worker w has ended.
+func (d *scaleoutDemo) exited(w *soWorker) error {
+	if w.dead {
+		return nil
+	}
+	select {
+	case err := <-w.job.done:
+		w.dead = true
+		return fmt.Errorf("%w: %v: %v\n%s", errWorkerExited, w, err, w.job.out.String())
+	default:
+		return nil
+	}
 }
 
 // status fetches w's /status.
@@ -403,11 +425,8 @@ func (d *scaleoutDemo) view(ctx context.Context) (*soView, error) {
 		if w.dead {
 			continue
 		}
-		select {
-		case err := <-w.job.done:
-			w.dead = true
-			return nil, fmt.Errorf("demo scaleout: %v exited: %v\n%s", w, err, w.job.out.String())
-		default:
+		if err := d.exited(w); err != nil {
+			return nil, err
 		}
 		st, err := d.status(ctx, w)
 		if err != nil {
@@ -438,9 +457,9 @@ func (d *scaleoutDemo) waitView(ctx context.Context, what string, stable time.Du
 		v, err := d.view(ctx)
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil, fmt.Errorf("demo scaleout: waiting for %s: %w (last status error: %v)", what, ctx.Err(), lastErr)
-		case err != nil && strings.HasPrefix(err.Error(), "demo scaleout:"):
-			return nil, err // a worker exited
+			return nil, fmt.Errorf("demo scaleout: waiting for %s: %w (last status error: %v)\n%s", what, ctx.Err(), lastErr, d.logs())
+		case errors.Is(err, errWorkerExited):
+			return nil, err
 		case err != nil:
 			lastErr = err // a status request failed: asked again
 			since = time.Time{}
@@ -574,14 +593,8 @@ func (d *scaleoutDemo) waitOutputs(ctx context.Context, cond func(out, dlq int64
 	var lastErr error
 	for {
 		for _, w := range d.workers {
-			if w.dead {
-				continue
-			}
-			select {
-			case err := <-w.job.done:
-				w.dead = true
-				return 0, fmt.Errorf("demo scaleout: %v exited early: %v\n%s", w, err, w.job.out.String())
-			default:
+			if err := d.exited(w); err != nil {
+				return 0, err
 			}
 		}
 		select {
@@ -619,8 +632,8 @@ func (d *scaleoutDemo) stopAll() error {
 		}
 	}
 	var errs []error
-	deadline := time.NewTimer(time.Minute)
-	defer deadline.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for _, w := range live {
 		select {
 		case err := <-w.job.done:
@@ -628,11 +641,11 @@ func (d *scaleoutDemo) stopAll() error {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("demo scaleout: %v did not stop cleanly on SIGTERM: %w\n%s", w, err, w.job.out.String()))
 			}
-		case <-deadline.C:
+		case <-ctx.Done():
 			errs = append(errs, fmt.Errorf("demo scaleout: %v did not stop within a minute of SIGTERM\n%s", w, w.job.out.String()))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(errs...) // killAll ends those that did not stop
 }
 
 // killAll SIGKILLs the workers still running (the demo failed) and waits

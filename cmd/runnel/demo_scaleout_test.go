@@ -64,7 +64,7 @@ func TestScaleoutDemoCommand(t *testing.T) {
 	}
 	// The replacement: its tasks came from workers 1 and 3, restored from
 	// the broker (its state directory was empty).
-	m = regexp.MustCompile(`(?m)^worker 4 took (\d+) tasks? in \S+: (.*); state: (\d+) restored from the broker .*$`).FindStringSubmatch(rest)
+	m = regexp.MustCompile(`(?m)^worker 4 took (\d+) tasks? in \S+: (.*); state: (\d+) restored from the broker\b.*$`).FindStringSubmatch(rest)
 	if m == nil {
 		t.Fatal("no hand-off line for the replacement")
 	}

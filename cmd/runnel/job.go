@@ -286,6 +286,7 @@ func readJob(ctx context.Context, c *client.Client, job, group string) (*jobView
 		return nil, err
 	}
 	members, err := gc.Members(ctx, stages[0].CommitTopic)
+	_ = gc.Close() // never started: nothing to leave
 	switch {
 	case err == nil:
 		v.Members = members
