@@ -331,10 +331,10 @@ func readJob(ctx context.Context, c *client.Client, job, group string) (*jobView
 
 // noConsumer reports whether err is a broker's answer that a group has no
 // member (Java's ConsumerManageProcessor: SYSTEM_ERROR "no consumer for
-// this group, <group>").
+// this group, <group>"; some versions capitalise it).
 func noConsumer(err error) bool {
 	var pe *protocol.Error
-	return errors.As(err, &pe) && pe.Code == protocol.ResSystemError && strings.HasPrefix(pe.Remark, "no consumer for this group")
+	return errors.As(err, &pe) && pe.Code == protocol.ResSystemError && strings.HasPrefix(strings.ToLower(pe.Remark), "no consumer for this group")
 }
 
 // hashSuffix is the end of a job topic name that scaleout.TopicName had to
