@@ -20,9 +20,10 @@ type demoEnv struct {
 	c   *client.Client
 }
 
-// startDemoEnv starts a demo's environment and says where it listens on
-// out. On error it releases what it had started.
-func startDemoEnv(ctx context.Context, out io.Writer) (e *demoEnv, err error) {
+// startDemoEnv starts a demo's environment (with opts added to the
+// cluster's) and says where it listens on out. On error it releases what it
+// had started.
+func startDemoEnv(ctx context.Context, out io.Writer, opts ...embedded.Option) (e *demoEnv, err error) {
 	e = &demoEnv{}
 	if e.dir, err = os.MkdirTemp("", "runnel-demo-"); err != nil {
 		return nil, err
@@ -32,7 +33,8 @@ func startDemoEnv(ctx context.Context, out io.Writer) (e *demoEnv, err error) {
 			err = errors.Join(err, e.Close())
 		}
 	}()
-	if e.cl, err = embedded.Start(ctx, embedded.WithDataDir(filepath.Join(e.dir, "cluster"))); err != nil {
+	opts = append([]embedded.Option{embedded.WithDataDir(filepath.Join(e.dir, "cluster"))}, opts...)
+	if e.cl, err = embedded.Start(ctx, opts...); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(out, "runnel demo: embedded name server %s, broker %s\n", e.cl.NameServer(), e.cl.BrokerAddr())

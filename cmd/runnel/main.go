@@ -1,8 +1,8 @@
 // Command runnel is runnel's command line: the embedded RocketMQ-compatible
 // name server and broker (`runnel broker`, run with package embedded), the
 // demos on an embedded cluster (`runnel demo`, `runnel demo wordcount`),
-// topic administration, produce/consume and group tools, and checkpoint and
-// savepoint inspection.
+// topic administration, produce/consume and group tools, a scale-out job's
+// task assignment (`runnel job`), and checkpoint and savepoint inspection.
 //
 // The CLI is built on spf13/cobra: subcommands, flag parsing, help and shell
 // completion are what it does well, and writing them by hand would only add
@@ -39,7 +39,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newBrokerCmd(), newDemoCmd())
 	root.AddCommand(newTopicCmd(), newProduceCmd(), newConsumeCmd(), newGroupCmd())
-	root.AddCommand(newCheckpointCmd(), newSavepointCmd())
+	root.AddCommand(newJobCmd(), newCheckpointCmd(), newSavepointCmd())
 	failOnUnknownSubcommands(root)
 	return root
 }

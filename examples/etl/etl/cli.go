@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 
 	"github.com/runnel-dev/runnel/embedded"
+	"github.com/runnel-dev/runnel/pipeline"
+	"github.com/runnel-dev/runnel/state"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -38,15 +40,35 @@ func ParseFlags(name string, args []string, stderr io.Writer) (*Flags, error) {
 	fs.StringVar(&f.Config.Group, "group", DefaultGroup, "job name: consumer group and producer groups")
 	fs.StringVar(&f.Config.StateDir, "state", "", "checkpoint directory (default: ./etl-state)")
 	fs.DurationVar(&f.Config.CheckpointInterval, "checkpoint-interval", DefaultInterval, "checkpoint interval")
+	fs.BoolVar(&f.Config.SingleProcess, "single-process", false, "run the job in this process alone instead of as one worker of many")
+	fs.BoolVar(&f.Config.Partitioned, "partitioned", false, "the input is partitioned by customer (as the demo produces it): count each customer in its queue's task, no repartition topic")
+	fs.IntVar(&f.Config.Ranges, "ranges", 0, fmt.Sprintf("key-group ranges (tasks) of the keyed stage; every worker of the job must use the same (0: %d)", pipeline.DefaultRanges))
+	fs.IntVar(&f.Config.Standbys, "standbys", 0, "warm standby copies of each task's state on other workers")
+	fs.StringVar(&f.Config.StatusAddr, "status", "", "serve this worker's status (/status JSON, / page) on HOST:PORT (port 0: a free one, logged)")
 	fs.BoolVar(&f.Verbose, "v", false, "log at debug level to stderr")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	switch {
+	case f.Config.Ranges < 0 || f.Config.Ranges > state.DefaultMaxParallelism:
+		return nil, fmt.Errorf("-ranges %d: must be between 1 and %d (0: the default)", f.Config.Ranges, state.DefaultMaxParallelism)
+	case f.Config.Standbys < 0:
+		return nil, fmt.Errorf("-standbys %d: must not be negative", f.Config.Standbys)
+	case f.Config.SingleProcess && (f.Config.Ranges != 0 || f.Config.Standbys != 0 || f.Config.StatusAddr != "" || f.Config.Partitioned):
+		return nil, errors.New("-ranges, -standbys, -status and -partitioned configure workers: they do not apply with -single-process")
 	}
 	if f.Config.StateDir == "" {
 		f.Config.StateDir = "etl-state"
 	}
 	return f, nil
 }
+
+// StatusLogMsg is the message of the log line by which Main tells where a
+// worker's status is served (attribute url).
+const StatusLogMsg = "worker status"
 
 // Main is the ETL worker's command line (examples/etl and `runnel demo`'s
 // job process): it parses args, starts an embedded broker without
@@ -63,6 +85,11 @@ func Main(ctx context.Context, name string, args []string, stderr io.Writer) (er
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	f.Config.Logger = log
+	if f.Config.StatusAddr != "" {
+		// The line `runnel demo scaleout` reads a worker's status address
+		// from.
+		f.Config.OnStatusAddr = func(a string) { log.Info(StatusLogMsg, "url", "http://"+a+"/") }
+	}
 	target := f.Cluster
 	copts := []client.Option{client.WithNameServers(f.NameServer), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
 	if f.NameServer == "" {
@@ -83,7 +110,8 @@ func Main(ctx context.Context, name string, args []string, stderr io.Writer) (er
 		return err
 	}
 	log.Info("etl running", "in", f.Config.In, "out", f.Config.Out, "dlq", f.Config.DLQ, "group", f.Config.Group,
-		"state", f.Config.StateDir, "checkpointInterval", f.Config.CheckpointInterval)
+		"state", f.Config.StateDir, "checkpointInterval", f.Config.CheckpointInterval,
+		"worker", !f.Config.SingleProcess, "partitioned", f.Config.Partitioned)
 	return Run(ctx, c, f.Config)
 }
 
