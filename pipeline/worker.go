@@ -145,6 +145,10 @@ type worker struct {
 		sync.Mutex
 		tasks    map[protocol.MessageQueue]*taskRun
 		standbys map[protocol.MessageQueue]*standbyRun
+		// stopping holds revoked tasks until they have stopped: their
+		// directory is still theirs (no standby copy starts in it, and a
+		// task of the queue assigned again waits for them).
+		stopping map[protocol.MessageQueue]*taskRun
 	}
 	// status (worker_status.go)
 	statusMu  sync.Mutex
@@ -174,9 +178,13 @@ type taskRun struct {
 	id     scaleout.TaskID
 	cancel context.CancelFunc
 	done   chan struct{}
+	// prev is the queue's previous run on this worker when it was revoked
+	// and had not stopped yet (OnRevoke gave up waiting): this run starts
+	// after it.
+	prev *taskRun
 
 	// lockedUntil is when the task's broker lock stops being trusted (zero
-	// while the worker runs it without the lock, its holder having left);
+	// while the worker waits for it: before a run, or after losing it);
 	// attempt is the run in progress (nil between runs).
 	lockMu      sync.Mutex
 	lockedUntil time.Time
@@ -359,6 +367,7 @@ func (st *stageInfo) taskLog(id scaleout.TaskID) scaleout.TaskLog {
 func (w *worker) run(ctx context.Context) (err error) {
 	w.mu.tasks = map[protocol.MessageQueue]*taskRun{}
 	w.mu.standbys = map[protocol.MessageQueue]*standbyRun{}
+	w.mu.stopping = map[protocol.MessageQueue]*taskRun{}
 	w.standbyAt = map[string]uint64{}
 	p, err := client.NewProducer(w.c, w.group+"_worker")
 	if err != nil {
@@ -378,9 +387,9 @@ func (w *worker) run(ctx context.Context) (err error) {
 		return err
 	}
 	// The worker locks its queues itself (not the group consumer's locking
-	// mode): a queue whose lock holder has left the group is taken at once,
-	// the commit chain fencing the old holder, instead of after the broker
-	// expires the lock (60 s by default).
+	// mode): the lock of a task whose latest owner has left the group is
+	// released on its behalf and taken at once, instead of after the broker
+	// expires it (60 s by default).
 	w.alloc = &recordingAllocator{inner: scaleout.Sticky(), seen: map[string]allocInput{}}
 	gc, err := client.NewGroupConsumer(w.c, w.group, client.WithAllocator(w.alloc), client.WithListener(w))
 	if err != nil {
@@ -484,7 +493,6 @@ func (w *worker) OnAssign(ctx context.Context, qs []protocol.MessageQueue) {
 				continue
 			}
 		}
-		w.stopStandbys([]protocol.MessageQueue{q}) // its copy becomes the owner's store
 		w.mu.Lock()
 		if w.mu.tasks[q] != nil {
 			w.mu.Unlock()
@@ -492,13 +500,23 @@ func (w *worker) OnAssign(ctx context.Context, qs []protocol.MessageQueue) {
 		}
 		tctx, cancel := context.WithCancel(context.Background())
 		tr := &taskRun{q: q, stage: st, id: taskOf(st, q), cancel: cancel, done: make(chan struct{}),
-			state: "waiting-lock", since: time.Now()}
+			state: "waiting-lock", since: time.Now(), prev: w.mu.stopping[q]}
 		w.mu.tasks[q] = tr
 		w.mu.Unlock()
+		// Its copy becomes the owner's store. Stopped after the task is
+		// registered: the standby loop starts no copy of a task the worker
+		// owns, so none can start again between this and the task's restore
+		// (two writers of one directory).
+		w.stopStandbys([]protocol.MessageQueue{q})
 		w.handoff(tr.id.String(), "assigned", "")
 		w.wg.Go(func() {
 			defer close(tr.done)
 			w.runTask(tctx, tr)
+			w.mu.Lock()
+			if w.mu.stopping[q] == tr {
+				delete(w.mu.stopping, q)
+			}
+			w.mu.Unlock()
 		})
 	}
 }
@@ -550,10 +568,12 @@ func (w *worker) OnRevoke(ctx context.Context, qs []protocol.MessageQueue) {
 	for _, q := range qs {
 		if tr := w.mu.tasks[q]; tr != nil {
 			delete(w.mu.tasks, q)
+			w.mu.stopping[q] = tr
 			stopping = append(stopping, tr)
 		}
 	}
 	w.mu.Unlock()
+
 	for _, tr := range stopping {
 		w.handoff(tr.id.String(), "revoked", "")
 		tr.cancel()
@@ -577,32 +597,34 @@ func (w *worker) OnRevoke(ctx context.Context, qs []protocol.MessageQueue) {
 	}
 }
 
-// acquire waits until the task's queue is locked for this worker, or its
-// lock holder (the writer of the task's latest commit record) is not a
-// member of the group any more: then the task runs without the lock
-// (lockLoop takes it once the broker expires the old one) and its claim
-// fences the old holder. It returns false when ctx ends first.
+// acquire waits until the task's queue is locked for this worker; a task
+// never runs without its lock. It returns false when ctx ends first.
 func (w *worker) acquire(ctx context.Context, tr *taskRun) bool {
 	logged := false
 	for ctx.Err() == nil {
-		sent := time.Now()
-		if got := w.gc.LockQueues(ctx, tr.q); len(got) == 1 {
-			tr.lockMu.Lock()
-			tr.lockedUntil = sent.Add(lockValidity)
-			tr.lockMu.Unlock()
+		if w.lock(ctx, tr) {
 			return true
 		}
-		holder := ""
-		if v, err := w.follower.View(tr.id.String()); err == nil && v.Latest != nil {
-			holder = v.Latest.Worker
-		}
-		members, err := w.gc.Members(ctx, tr.q.Topic)
-		if err == nil && (holder == "" || !slices.Contains(members, holder)) {
-			w.log.Info("taking a task whose lock holder left the group", "task", tr.id.String(), "holder", holder)
-			return true
+		// Refused: a member holds the lock. When the task's latest owner
+		// (the chain's latest writer, read to the chain's current end) has
+		// left the group, the lock is most likely its: the broker would keep
+		// it until it expires (60 s by default) and the task would stall, so
+		// release it on the departed owner's behalf and lock the queue. If
+		// the lock is still refused, a live member holds it (it just got the
+		// queue and has not claimed it yet): wait, as for any holder.
+		holder := w.latestOwner(ctx, tr)
+		if holder != "" && holder != w.c.ClientID() {
+			members, err := w.gc.Members(ctx, tr.q.Topic)
+			if err == nil && !slices.Contains(members, holder) {
+				w.gc.UnlockQueuesFor(ctx, holder, tr.q)
+				if w.lock(ctx, tr) {
+					w.log.Info("took a task whose owner left the group, releasing its queue lock", "task", tr.id.String(), "owner", holder)
+					return true
+				}
+			}
 		}
 		if !logged {
-			w.log.Info("waiting for a task's lock", "task", tr.id.String(), "holder", holder)
+			w.log.Info("waiting for a task's lock", "task", tr.id.String(), "latest owner", holder)
 			logged = true
 		}
 		if backoff.Sleep(ctx, lockRetry) != nil {
@@ -612,8 +634,42 @@ func (w *worker) acquire(ctx context.Context, tr *taskRun) bool {
 	return false
 }
 
-// lockLoop renews the locks of the worker's tasks, takes those it runs
-// without one as soon as the broker grants them, and fences a task whose
+// lock asks the broker for tr's queue lock and, when granted, trusts it for
+// lockValidity from the request's start.
+func (w *worker) lock(ctx context.Context, tr *taskRun) bool {
+	sent := time.Now()
+	if got := w.gc.LockQueues(ctx, tr.q); len(got) != 1 {
+		return false
+	}
+	tr.lockMu.Lock()
+	tr.lockedUntil = sent.Add(lockValidity)
+	tr.lockMu.Unlock()
+	return true
+}
+
+// latestOwner returns the worker that wrote the latest valid record of tr's
+// chain, read up to the commit queue's current end ("" when the chain has
+// none or could not be read in time).
+func (w *worker) latestOwner(ctx context.Context, tr *taskRun) string {
+	tl := tr.stage.taskLog(tr.id)
+	w.follower.Follow(tl.Task, tl.Commit)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if w.follower.Ready(ctx, tl.Task) != nil {
+		return ""
+	}
+	end, err := w.c.MaxOffset(ctx, tl.Commit)
+	if err != nil || w.follower.WaitPast(ctx, tl.Task, end-1) != nil {
+		return ""
+	}
+	v, err := w.follower.View(tl.Task)
+	if err != nil || v.Latest == nil {
+		return ""
+	}
+	return v.Latest.Worker
+}
+
+// lockLoop renews the locks of the worker's tasks and fences a task whose
 // lock another member now holds or whose lock could not be renewed within
 // its validity.
 func (w *worker) lockLoop(ctx context.Context) {
@@ -652,7 +708,7 @@ func (w *worker) lockLoop(ctx context.Context) {
 			lapsed := had && time.Now().After(tr.lockedUntil)
 			tr.lockMu.Unlock()
 			if !had {
-				continue // still waiting for the departed holder's lock to expire
+				continue // waiting for it in acquire
 			}
 			// Refused: another member holds it (we lost it while paused, or
 			// the broker restarted and someone locked first), or the request
@@ -675,6 +731,13 @@ func (w *worker) lockLoop(ctx context.Context) {
 // for the queue's lock, claims the task and runs it; after a failure or a
 // lost lock it does so again. A bounded task that finished is not run again.
 func (w *worker) runTask(ctx context.Context, tr *taskRun) {
+	if tr.prev != nil { // the queue's previous run on this worker, revoked, still stopping
+		select {
+		case <-tr.prev.done:
+		case <-ctx.Done():
+			return
+		}
+	}
 	bo := backoff.Policy{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		tr.setState("waiting-lock")
@@ -913,7 +976,7 @@ func (w *worker) standbyLoop(ctx context.Context) {
 			}
 		}
 		for q, st := range want {
-			if w.mu.tasks[q] != nil || w.mu.standbys[q] != nil {
+			if w.mu.tasks[q] != nil || w.mu.standbys[q] != nil || w.mu.stopping[q] != nil {
 				continue
 			}
 			sctx, cancel := context.WithCancel(ctx)

@@ -34,6 +34,18 @@ func (g *GroupConsumer) UnlockQueues(ctx context.Context, qs ...protocol.Message
 	g.unlock(ctx, qs)
 }
 
+// UnlockQueuesFor releases the locks of qs that another member, clientID,
+// holds: for a member that left the group (killed) whose locks would
+// otherwise stay until the broker expires them (60 s by default in Apache
+// RocketMQ), so that the queue's next owner can lock it at once. Best
+// effort, as UnlockQueues. Only for a clientID known to have left: a live
+// member loses its lock.
+func (g *GroupConsumer) UnlockQueuesFor(ctx context.Context, clientID string, qs ...protocol.MessageQueue) {
+	g.lockMu.Lock()
+	defer g.lockMu.Unlock()
+	g.unlockFor(ctx, clientID, qs)
+}
+
 // Members returns the group's member client ids, sorted, as a broker of
 // topic lists them (GET_CONSUMER_LIST_BY_GROUP).
 func (g *GroupConsumer) Members(ctx context.Context, topic string) ([]string, error) {

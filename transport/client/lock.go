@@ -150,8 +150,15 @@ func (g *GroupConsumer) lock(ctx context.Context, qs []protocol.MessageQueue) []
 // unlock releases the broker locks of qs (best effort: a lock not released
 // expires on the broker). The caller holds lockMu.
 func (g *GroupConsumer) unlock(ctx context.Context, qs []protocol.MessageQueue) {
+	g.unlockFor(ctx, g.c.ClientID(), qs)
+}
+
+// unlockFor releases the locks that member clientID holds of qs: a broker
+// releases the locks of the client id in the request body, whoever sends
+// it (Apache RocketMQ's RebalanceLockManager.unlockBatch does the same).
+func (g *GroupConsumer) unlockFor(ctx context.Context, clientID string, qs []protocol.MessageQueue) {
 	for addr, batch := range g.byBroker(ctx, qs) {
-		body := protocol.UnlockBatchRequestBody{ConsumerGroup: g.group, ClientID: g.c.ClientID(), MQSet: batch}
+		body := protocol.UnlockBatchRequestBody{ConsumerGroup: g.group, ClientID: clientID, MQSet: batch}
 		b, err := body.Encode()
 		if err == nil {
 			req := protocol.NewRequest(protocol.ReqUnlockBatchMq)
