@@ -2,8 +2,8 @@ package interop
 
 import (
 	"fmt"
-	"os"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
