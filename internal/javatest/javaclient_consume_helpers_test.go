@@ -355,14 +355,26 @@ func (p *consumePeer) maxOffsets(t *testing.T, ctx context.Context, qs []protoco
 // with runnel's client.
 func (p *consumePeer) pullAll(t *testing.T, ctx context.Context, q protocol.MessageQueue) []protocol.MessageExt {
 	t.Helper()
+	out, err := p.tryPullAll(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryPullAll is pullAll returning its error: inside a poll, a topic the
+// broker has just created (a %DLQ% topic on a send-back) may not be on the
+// name server yet (TOPIC_NOT_EXIST from the route lookup), which the caller
+// retries.
+func (p *consumePeer) tryPullAll(ctx context.Context, q protocol.MessageQueue) ([]protocol.MessageExt, error) {
 	var out []protocol.MessageExt
 	for off := int64(0); ; {
 		r, err := p.client.Pull(ctx, client.PullRequest{Queue: q, Offset: off, Group: "runnel_reader"})
 		if err != nil {
-			t.Fatalf("pull %v at %d: %v", q, off, err)
+			return out, fmt.Errorf("pull %v at %d: %w", q, off, err)
 		}
 		if r.Status != client.PullFound {
-			return out
+			return out, nil
 		}
 		for i := range r.Messages {
 			out = append(out, r.Messages[i].Clone())

@@ -1,10 +1,8 @@
 package watermill_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/netip"
@@ -25,21 +23,8 @@ import (
 	rwm "github.com/runnel-dev/runnel/transport/watermill"
 )
 
-// restartAddr, when set, makes the test binary a restart command: it asks
-// the test process listening there to restart its `runnel broker` child,
-// waits for the answer and exits. watermill's TestReconnect runs the binary
-// this way as its RestartServiceCommand.
-var restartAddr = flag.String("runnel-restart", "", "internal: ask the test process at this address to restart its broker")
-
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if *restartAddr != "" {
-		os.Exit(askRestart(*restartAddr))
-	}
 	goleak.VerifyTestMain(m,
-		// watermill's TestReconnect leaves its collector goroutine ranging
-		// over a channel it never closes.
-		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/pubsub/tests.TestReconnect.func2"),
 		// The suite's multiplier (10 Subscribers fanned into one channel)
 		// forwards on goroutines that block for good when the test stops
 		// reading with a duplicate still in hand; they are the suite's, not
@@ -47,26 +32,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/internal/subscriber.(*multiplier).Subscribe.func2"),
 		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/internal/subscriber.(*multiplier).Subscribe.func3"),
 	)
-}
-
-func askRestart(addr string) int {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "restart:", err)
-		return 1
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Minute))
-	if _, err := conn.Write([]byte("restart\n")); err != nil {
-		fmt.Fprintln(os.Stderr, "restart:", err)
-		return 1
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || line != "ok\n" {
-		fmt.Fprintf(os.Stderr, "restart: answer %q: %v\n", line, err)
-		return 1
-	}
-	return 0
 }
 
 // env is an in-process name server and broker on loopback.
@@ -148,15 +113,13 @@ func newSubscriber(t testing.TB, nsAddr string, pc pubSubConfig) *rwm.Subscriber
 
 // childBroker is a `runnel broker` child process (embedded name server and
 // broker) on fixed loopback ports with a data directory kept across
-// restarts, and a control listener that restarts it on request.
+// restarts (stop, start).
 type childBroker struct {
 	t       testing.TB
 	bin     string
 	dataDir string
 	nsAddr  string
 	bAddr   string
-	ln      net.Listener
-	wg      sync.WaitGroup
 	mu      struct {
 		sync.Mutex
 		cmd *exec.Cmd
@@ -193,46 +156,12 @@ func startChildBroker(t testing.TB) *childBroker {
 	if err := cb.start(); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb.ln = ln
-	cb.wg.Add(1)
-	go cb.serve()
 	t.Cleanup(func() {
-		_ = cb.ln.Close()
-		cb.wg.Wait()
 		if err := cb.stop(); err != nil {
 			t.Errorf("stop runnel broker: %v", err)
 		}
 	})
 	return cb
-}
-
-// restartCommand is the RestartServiceCommand for watermill's suite.
-func (cb *childBroker) restartCommand() []string {
-	return []string{os.Args[0], "-runnel-restart=" + cb.ln.Addr().String()}
-}
-
-func (cb *childBroker) serve() {
-	defer cb.wg.Done()
-	for {
-		conn, err := cb.ln.Accept()
-		if err != nil {
-			return
-		}
-		_ = conn.SetDeadline(time.Now().Add(time.Minute))
-		if _, err := bufio.NewReader(conn).ReadString('\n'); err == nil {
-			err = errors.Join(cb.stop(), cb.start())
-			answer := "ok\n"
-			if err != nil {
-				answer = "error: " + err.Error() + "\n"
-			}
-			_, _ = conn.Write([]byte(answer))
-		}
-		_ = conn.Close()
-	}
 }
 
 func (cb *childBroker) start() error {
