@@ -270,7 +270,7 @@ func Verify(samples []Sample, out, dlq []protocol.MessageExt) *Report {
 		}
 		last[b.Customer] = b.CustomerOrderCount
 		eur := EUR(s.Amount, s.Currency)
-		wrongEUR := (b.AmountEUR == nil) != math.IsNaN(eur) || (b.AmountEUR != nil && *b.AmountEUR != eur)
+		wrongEUR := (b.AmountEUR == nil) != math.IsNaN(float64(eur)) || (b.AmountEUR != nil && *b.AmountEUR != float64(eur))
 		keys := m.Keys()
 		_, hasEpoch := m.Property(mqsink.PropEpoch)
 		_, hasOff := m.Property(mqsink.PropSrcOffset)
