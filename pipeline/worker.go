@@ -869,7 +869,9 @@ func (w *worker) standbyLoop(ctx context.Context) {
 			})
 		}
 		w.mu.Unlock()
-		w.stopStandbys(drop)
+		if len(drop) > 0 { // stopStandbys(nil) stops every copy
+			w.stopStandbys(drop)
+		}
 	}
 }
 
