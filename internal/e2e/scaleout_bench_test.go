@@ -25,7 +25,7 @@ import (
 
 // Sizes of the scale-out benchmarks, overridable for a fuller run.
 const (
-	envSOOrders = "RUNNEL_BENCH_SO_ORDERS" // BenchmarkScaleoutETL's input (default 50k orders; -short 10k)
+	envSOOrders = "RUNNEL_BENCH_SO_ORDERS" // BenchmarkScaleoutETL's input (default 100k orders; -short 20k)
 	envSOKills  = "RUNNEL_BENCH_SO_KILLS"  // BenchmarkScaleoutFailover's kills per op (default 3; -short 2)
 
 	soQueues    = 8 // the input topic's queues (and the keyed stage's ranges)
@@ -60,14 +60,13 @@ func envInt(tb testing.TB, name string, def int) int {
 // split it. One op is one job over the whole input, from starting the
 // processes until every output and dead letter is committed (records/s)
 // and they have stopped with SIGTERM (ns/op). That includes each mode's
-// fixed costs (processes, a Pebble store per task, group join, claims);
-// steady-cpu-ns/record and steady-records/s leave them out: every
-// process's CPU (from /proc, 10 ms ticks) and the records committed from
-// the first output commit seen to the last. Compare with -col /mode.
+// fixed costs (processes, a Pebble store per task, group join, claims,
+// final checkpoints), which the input (RUNNEL_BENCH_SO_ORDERS, default
+// 100k orders) amortizes. Compare with -col /mode.
 func BenchmarkScaleoutETL(b *testing.B) {
-	n := 50_000
+	n := 100_000
 	if testing.Short() {
-		n = 10_000
+		n = 20_000
 	}
 	n = envInt(b, envSOOrders, n)
 	sb := startSOBroker(b)
@@ -102,17 +101,12 @@ func BenchmarkScaleoutETL(b *testing.B) {
 					seq++
 					r := runSOETL(b, sb, soETLRun{in: in, seq: seq, topo: topo, mode: mode, valid: valid, invalid: invalid})
 					sum.took, sum.workerCPU, sum.brokerCPU = sum.took+r.took, sum.workerCPU+r.workerCPU, sum.brokerCPU+r.brokerCPU
-					sum.steadyCPU, sum.steadyTook, sum.steadyRecs = sum.steadyCPU+r.steadyCPU, sum.steadyTook+r.steadyTook, sum.steadyRecs+r.steadyRecs
 				}
 				recs := float64(b.N) * float64(n)
 				b.ReportMetric(recs/sum.took.Seconds(), "records/s")
 				b.ReportMetric(float64((sum.workerCPU+sum.brokerCPU).Nanoseconds())/recs, "cpu-ns/record")
 				b.ReportMetric(float64(sum.workerCPU.Nanoseconds())/recs, "worker-cpu-ns/record")
 				b.ReportMetric(float64(sum.brokerCPU.Nanoseconds())/recs, "broker-cpu-ns/record")
-				if sum.steadyRecs > 0 {
-					b.ReportMetric(float64(sum.steadyCPU.Nanoseconds())/float64(sum.steadyRecs), "steady-cpu-ns/record")
-					b.ReportMetric(float64(sum.steadyRecs)/sum.steadyTook.Seconds(), "steady-records/s")
-				}
 			})
 		}
 	}
@@ -128,10 +122,6 @@ type soETLRun struct {
 type soETLResult struct {
 	took                 time.Duration // start to the last output committed
 	workerCPU, brokerCPU time.Duration
-	// The steady span, from the first output committed to the last: its
-	// CPU time (every process), records committed and duration.
-	steadyCPU, steadyTook time.Duration
-	steadyRecs            int64
 }
 
 func runSOETL(b *testing.B, sb *soBroker, r soETLRun) soETLResult {
@@ -158,28 +148,13 @@ func runSOETL(b *testing.B, sb *soBroker, r soETLRun) soETLResult {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	// The steady span: from the first commit seen to the last.
-	allCPU := func() time.Duration {
-		c := sb.cpuNow(b)
-		for _, p := range procs {
-			c += procStatCPU(b, p.cmd.Process.Pid)
-		}
-		return c
-	}
 	var res soETLResult
-	var first time.Time
-	var firstCPU time.Duration
-	var firstN int64
 	for {
 		o, d, err := soCommitted(ctx, sb.c, out, dlq)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if first.IsZero() && o+d > 0 {
-			first, firstCPU, firstN = time.Now(), allCPU(), o+d
-		}
 		if o >= r.valid && d >= r.invalid {
-			res.steadyCPU, res.steadyRecs, res.steadyTook = allCPU()-firstCPU, o+d-firstN, time.Since(first)
 			break
 		}
 		for _, p := range procs {
