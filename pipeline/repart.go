@@ -384,15 +384,18 @@ type repartSource struct {
 // s.wait is set). The batch's offset is consumed when take is called.
 func (s *repartSource) poll(ctx context.Context) (h repartHeader, body *repartBody, ok bool, err error) {
 	for {
-		if len(s.queued) == 0 {
-			if s.wait != nil {
-				select {
-				case <-s.wait:
-					s.wait = nil
-				case <-ctx.Done():
-					return h, nil, false, nil
-				}
+		// The head batch was undecided: nothing changes until a chain
+		// does (deciding it again at once would spin until its origin's
+		// checkpoint is published).
+		if s.wait != nil {
+			select {
+			case <-s.wait:
+				s.wait = nil
+			case <-ctx.Done():
+				return h, nil, false, nil
 			}
+		}
+		if len(s.queued) == 0 {
 			res, err := s.c.Pull(ctx, client.PullRequest{Queue: s.q, Offset: s.pos.next, MaxMsgs: 64, Suspend: 5 * time.Second, Group: s.group})
 			if err != nil {
 				if ctx.Err() != nil {

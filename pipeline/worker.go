@@ -989,7 +989,7 @@ func (w *worker) standbyLoop(ctx context.Context) {
 			})
 		}
 		w.mu.Unlock()
-		if len(drop) > 0 { // (nil would stop every copy)
+		if len(drop) > 0 { // stopStandbys(nil) stops every copy
 			w.stopStandbys(drop)
 		}
 	}

@@ -25,14 +25,16 @@
 #
 # Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
 # benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
-# BENCH (benchmark regexp, default .), TIMEOUT (go test -timeout, 20m).
+# BENCH (benchmark regexp, default .), TIMEOUT (go test -timeout, 60m).
 set -euo pipefail
 
 GO=${GO:-go}
 COUNT=${1:-${COUNT:-6}}
 BENCHTIME=${BENCHTIME:-250ms}
 BENCH=${BENCH:-.}
-TIMEOUT=${TIMEOUT:-20m}
+# internal/e2e's scale-out benchmarks (multi-process ETL, failover, 100 MB
+# hand-off) add about 3 minutes per count to that package.
+TIMEOUT=${TIMEOUT:-60m}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/.bench
