@@ -126,12 +126,20 @@ func (lc *laneCommitter) endRetry(ctx context.Context, h *client.TxHandle, commi
 // only). It returns the first error of a lane that failed for good, or
 // ctx's error when ctx ended with lanes unfinished.
 func (lc *laneCommitter) endAll(ctx context.Context, hs []txnHandle, commit bool, again againFunc) ([]int, error) {
+	return lc.endAllTracked(ctx, hs, commit, again, nil)
+}
+
+// endAllTracked is endAll that also marks in ended (nil, or one entry per
+// handle of hs) every handle the broker acknowledged ending (or, for a
+// discarded one, whose record again sent and committed).
+func (lc *laneCommitter) endAllTracked(ctx context.Context, hs []txnHandle, commit bool, again againFunc, ended []bool) ([]int, error) {
 	if len(hs) == 0 {
 		return nil, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := newLaneRun(lc, hs, commit, again, cancel)
+	r.ended = ended
 	// The pipelined requests are not cancelled with ctx (that would cost a
 	// context.AfterFunc each): after a failure no new one is sent, and
 	// those in flight end with their answer or the request timeout.
@@ -169,6 +177,7 @@ type laneRun struct {
 
 	q        endQueue
 	st       endState
+	ended    []bool               // nil, or per handle: acknowledged (each written by the goroutine ending its lane)
 	cbs      []func(error)        // per lane, its pipelined requests' callback
 	cancels  []context.CancelFunc // per lane, its request's deadline (lc.timeout > 0)
 	inflight int                  // pipelined requests unanswered
@@ -244,6 +253,9 @@ func (r *laneRun) collect(ctx, rctx context.Context) (stopped bool) {
 				r.handOver(ctx, l, classifyEnd(a.err, &r.hs[r.order[r.next[l]]].h, r.commit))
 				continue
 			}
+			if r.ended != nil {
+				r.ended[r.order[r.next[l]]] = true
+			}
 			r.next[l]++
 			if r.next[l] == r.start[l+1] {
 				continue // the lane is done
@@ -288,6 +300,9 @@ func (r *laneRun) endLane(ctx context.Context, idx []int32, failed error) {
 		if err != nil {
 			r.st.failed(err)
 			return
+		}
+		if r.ended != nil {
+			r.ended[i] = true
 		}
 	}
 }
