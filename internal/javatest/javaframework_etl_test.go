@@ -1,6 +1,7 @@
 package javatest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
 	"github.com/runnel-dev/runnel/transport/client"
+	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
 // The ETL kill test re-executes this test binary, running only
@@ -35,7 +37,7 @@ const (
 	envJETLTopics   = "RUNNEL_JAVATEST_ETL_TOPICS" // in,out,dlq,group
 	envJETLInterval = "RUNNEL_JAVATEST_ETL_INTERVAL"
 	envJETLKill     = "RUNNEL_JAVATEST_ETL_KILL"   // "phase:n": SIGKILL itself at the n-th occurrence of phase
-	envJETLFaults   = "RUNNEL_JAVATEST_ETL_FAULTS" // "blind-restore": the sink's restore commits again without looking
+	envJETLFaults   = "RUNNEL_JAVATEST_ETL_FAULTS" // "blind-restore": the sink's restore commits again without looking; "at-least-once": the job's at-least-once sinks
 )
 
 // jetlChildReady is the line a child prints once it handles SIGTERM.
@@ -101,10 +103,11 @@ func TestJavaBrokerETLChild(t *testing.T) {
 	if h := jetlKillHook(os.Getenv(envJETLKill)); h != nil {
 		opts = append(opts, mqsink.WithPhaseHook(h))
 	}
-	if os.Getenv(envJETLFaults) == "blind-restore" {
+	mode := os.Getenv(envJETLFaults)
+	if mode == "blind-restore" {
 		opts = append(opts, mqsink.WithTxFaults(mqsink.TxFaults{BlindRestoreCommit: true}))
 	}
-	err = etl.Run(ctx, c, etl.Config{SingleProcess: true, In: names[0], Out: names[1], DLQ: names[2], Group: names[3],
+	err = etl.Run(ctx, c, etl.Config{SingleProcess: true, AtLeastOnce: mode == "at-least-once", In: names[0], Out: names[1], DLQ: names[2], Group: names[3],
 		StateDir: filepath.Join(os.Getenv(envJETLDir), "job"), CheckpointInterval: interval, Parallelism: 2, SinkOptions: opts,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
@@ -120,6 +123,8 @@ type jetlEnv struct {
 	samples           []etl.Sample
 	valid, invalid    int64
 	dir               string
+	killMax           time.Duration         // a random kill comes up to this long after the run's first output (default 800 ms)
+	read              []protocol.MessageExt // the output the last run's oracle read
 }
 
 func newJETLEnv(t *testing.T, jc *javapeer.Cluster, n int, seed uint64) *jetlEnv {
@@ -234,7 +239,7 @@ func (e *jetlEnv) run(t *testing.T, rng *rand.Rand, plan []string, faults string
 			}
 			select {
 			case err = <-ch.done:
-			case <-time.After(time.Duration(rng.IntN(800)) * time.Millisecond):
+			case <-time.After(time.Duration(rng.Int64N(int64(cmp.Or(e.killMax, 800*time.Millisecond))))):
 				_ = ch.cmd.Process.Signal(syscall.SIGKILL)
 				err = <-ch.done
 			}
@@ -282,6 +287,7 @@ func (e *jetlEnv) run(t *testing.T, rng *rand.Rand, plan []string, faults string
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.read = out
 	return etl.Verify(e.samples, out, dlq)
 }
 
