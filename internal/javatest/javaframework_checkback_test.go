@@ -205,3 +205,73 @@ func testCheckBackAfterCommit(t *testing.T, d *javapeer.Dist, jc *javapeer.Clust
 		t.Logf("no check-back of a committed half message in %d epochs: this run checked nothing", epochs)
 	}
 }
+
+// TestJavaBrokerExactlyOnceLostEndAnswers: the answers of three
+// END_TRANSACTION commits the Java broker applied are lost
+// (TxFaults.LoseEndAnswers: the sink sees an unknown outcome, as after a
+// timeout or a connection closed in flight). The sink asks the output
+// queue whether they were committed before sending them again, and every
+// record is visible once; the control, sending them again blindly
+// (TxFaults.BlindEndRetry), makes the Java broker store those three twice.
+func TestJavaBrokerExactlyOnceLostEndAnswers(t *testing.T) {
+	eachBrokerParallel(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
+		for _, control := range []bool{false, true} {
+			t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
+				t.Parallel()
+				ctx := bg(t, time.Minute)
+				cl := newJavaClient(t, c)
+				topic := uniqueName(t, "lost")
+				qs := createJavaTopic(t, cl, c, topic, 2)
+				const n, lost = 40, 3
+				s, err := mqsink.NewExactlyOnce(cl, func(i int) (*client.Message, error) {
+					return &client.Message{Topic: topic, Body: []byte("r" + strconv.Itoa(i)), ShardingKey: strconv.Itoa(i % 7)}, nil
+				}, mqsink.WithTxGroup(uniqueName(t, "lostg")), mqsink.WithTxFaults(mqsink.TxFaults{LoseEndAnswers: lost, BlindEndRetry: control}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				if err := s.Recover(ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+				for i := range n {
+					if err := s.Write(ctx, i); err != nil {
+						t.Fatal(err)
+					}
+				}
+				txn, err := s.PreCommit(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				if err := s.Commit(ctx, txn); err != nil {
+					t.Fatal(err)
+				}
+				took := time.Since(start)
+				var got map[string]int
+				testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+					got = countBodies(readAll(t, cl, qs, uniqueName(t, "lostr")))
+					if len(got) < n {
+						return fmt.Errorf("%d of %d records visible", len(got), n)
+					}
+					return nil
+				})
+				dups := 0
+				for i := range n {
+					switch k := got["r"+strconv.Itoa(i)]; {
+					case k == 0:
+						t.Fatalf("r%d missing", i)
+					case k > 1:
+						dups += k - 1
+					}
+				}
+				t.Logf("commit took %v; %d records, %d duplicated", took.Round(time.Millisecond), n, dups)
+				switch {
+				case control && dups != lost:
+					t.Fatalf("control: %d duplicates, want %d (the Java broker stores a commit sent again)", dups, lost)
+				case !control && dups != 0:
+					t.Fatalf("%d records visible twice after %d lost commit answers", dups, lost)
+				}
+			})
+		}
+	})
+}

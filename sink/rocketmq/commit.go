@@ -207,8 +207,12 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 		}
 	}
 	ended := make([]bool, len(hs))
+	var v *endVerifier
+	if d.floors != nil && !e.cfg.faults.BlindEndRetry {
+		v = &endVerifier{e: e, d: d}
+	}
 	// endAll returns discarded half messages only when again is nil.
-	discarded, err := e.lanes.endAllTracked(ctx, hs, true, again, ended)
+	discarded, err := e.lanes.endAllTracked(ctx, hs, true, again, ended, v)
 	if err == nil && len(discarded) > 0 {
 		err = errDiscardedNoCopy(d, hs, discarded)
 	}

@@ -68,6 +68,12 @@
 // of its own that retries with backoff, while the other lanes go on; once
 // one failed, the other lanes' next requests are handed over too, so that a
 // broker gone away costs one retry budget, not one per lane.
+// A commit that went out and lost its answer (a timeout, a connection
+// closed in flight: client.MaybeApplied) is sent again only once the
+// output queue shows that the broker did not apply it — a barrier,
+// WithRestoreSettle and a read from the transaction's floors, as a restore
+// does (see Recovery) — since Apache RocketMQ's broker stores a repeated
+// commit twice.
 //
 // # Recovery and orphans
 //

@@ -174,6 +174,11 @@ func (e *txEngine) startProducer(group string) error {
 	}
 	e.p = p
 	e.lanes = laneCommitter{end: p, attempts: e.cfg.attempts, retry: e.cfg.retry, log: e.log, group: group}
+	if n := e.cfg.faults.LoseEndAnswers; n > 0 {
+		la := &lostAnswers{endSender: p}
+		la.n.Store(int64(n))
+		e.lanes.end = la
+	}
 	if e.cfg.sendTimeoutSet {
 		e.lanes.timeout = e.cfg.sendTimeout
 	}

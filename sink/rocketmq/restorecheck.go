@@ -92,8 +92,9 @@ func (e *txEngine) uncommitted(ctx context.Context, d *txnDesc) ([]txnHandle, er
 
 // restoreScan reads output queues for committed copies of half messages.
 type restoreScan struct {
-	e    *txEngine
-	next map[queueKey]int64 // where each queue's next read starts
+	e        *txEngine
+	attempts int                // tries of each request (0: the sink's)
+	next     map[queueKey]int64 // where each queue's next read starts
 
 	mu   sync.Mutex      // the queues' goroutines record under it
 	want map[string]bool // msgID → committed copy found
@@ -133,9 +134,13 @@ func (sc *restoreScan) scan(ctx context.Context) error {
 // sink's retries), and returns that offset.
 func (sc *restoreScan) scanQueue(ctx context.Context, k queueKey, from int64) (int64, error) {
 	e := sc.e
+	attempts := sc.attempts
+	if attempts == 0 {
+		attempts = e.cfg.attempts
+	}
 	q := protocol.MessageQueue{Topic: k.topic, BrokerName: k.broker, QueueID: k.queue}
 	var end int64
-	err := backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts, nil, func(int) error {
+	err := backoff.Retry(ctx, e.cfg.retry, attempts, nil, func(int) error {
 		actx, cancel := attemptCtx(ctx, e.lanes.timeout)
 		defer cancel()
 		var err error
@@ -148,7 +153,7 @@ func (sc *restoreScan) scanQueue(ctx context.Context, k queueKey, from int64) (i
 	off := from
 	for off < end {
 		var res *client.PullResult
-		err := backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts, nil, func(int) error {
+		err := backoff.Retry(ctx, e.cfg.retry, attempts, nil, func(int) error {
 			actx, cancel := attemptCtx(ctx, e.lanes.timeout)
 			defer cancel()
 			var err error
@@ -210,20 +215,129 @@ func (sc *restoreScan) missing(hs []txnHandle) []txnHandle {
 // counts; only a failure to reach it is retried. (Should a broker commit
 // h nevertheless, the scan that follows finds its copy.)
 func (e *txEngine) barrier(ctx context.Context, h *client.TxHandle) error {
-	b := *h
-	b.ProducerGroup = h.ProducerGroup + barrierGroupSuffix
-	err := backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts, nil, func(int) error {
-		actx, cancel := attemptCtx(ctx, e.lanes.timeout)
-		defer cancel()
-		err := e.p.EndTransaction(actx, b, true)
-		var pe *protocol.Error
-		if err == nil || errors.As(err, &pe) {
-			return nil
-		}
-		return err
-	})
+	err := backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts, nil, func(int) error { return e.barrierOnce(ctx, h) })
 	if err != nil {
-		return fmt.Errorf("rocketmq sink: restore: barrier END_TRANSACTION: %w", err)
+		return fmt.Errorf("rocketmq sink: restore: %w", err)
 	}
 	return nil
+}
+
+// barrierOnce is one try of barrier.
+func (e *txEngine) barrierOnce(ctx context.Context, h *client.TxHandle) error {
+	b := *h
+	b.ProducerGroup = h.ProducerGroup + barrierGroupSuffix
+	actx, cancel := attemptCtx(ctx, e.lanes.timeout)
+	defer cancel()
+	err := e.p.EndTransaction(actx, b, true)
+	var pe *protocol.Error
+	if err == nil || errors.As(err, &pe) {
+		return nil
+	}
+	return fmt.Errorf("barrier END_TRANSACTION: %w", err)
+}
+
+// endVerifier tells whether the broker committed half messages of d whose
+// END_TRANSACTION commit went out and lost its answer (a timeout, a closed
+// connection), so that the lane committer sends the commit again only for
+// those it did not (lanes.go, endRetry): as the restore check does, it
+// sends a barrier after the failure, waits WithRestoreSettle and reads the
+// output queues from d's floors (then only their new tails) for the
+// commits' copies. Lanes ask it concurrently: one round (barrier, settle,
+// read) serves every failure before it, and lanes that fail meanwhile wait
+// for it. A round makes one try of each request; the lanes' retries try
+// again.
+type endVerifier struct {
+	e *txEngine
+	d *txnDesc
+
+	mu      sync.Mutex
+	sc      *restoreScan
+	settled time.Time    // when the last successful round sent its barrier
+	round   *verifyRound // the round in progress, nil when none
+}
+
+// verifyRound is one barrier, settle and read of an endVerifier.
+type verifyRound struct {
+	started time.Time
+	done    chan struct{}
+	err     error // set before done is closed
+}
+
+// committed reports whether a committed copy of h (a half message of v.d
+// whose commit failed at failedAt) is in its output queue.
+func (v *endVerifier) committed(ctx context.Context, h *client.TxHandle, failedAt time.Time) (bool, error) {
+	for {
+		v.mu.Lock()
+		if err := v.initLocked(); err != nil {
+			v.mu.Unlock()
+			return false, err
+		}
+		if v.settled.After(failedAt) {
+			v.sc.mu.Lock()
+			found := v.sc.want[h.MsgID]
+			v.sc.mu.Unlock()
+			v.mu.Unlock()
+			v.e.log.Info("rocketmq sink: a commit whose answer was lost", "group", v.e.group, "msgId", h.MsgID, "committed", found)
+			return found, nil
+		}
+		if r := v.round; r != nil {
+			v.mu.Unlock()
+			select {
+			case <-r.done:
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			if r.err != nil && r.started.After(failedAt) {
+				return false, r.err
+			}
+			continue // settled after failedAt now, or a new round is needed
+		}
+		r := &verifyRound{started: time.Now(), done: make(chan struct{})}
+		v.round = r
+		v.mu.Unlock()
+		r.err = v.runRound(ctx, h)
+		v.mu.Lock()
+		if r.err == nil {
+			v.settled = r.started
+		}
+		v.round = nil
+		close(r.done)
+		v.mu.Unlock()
+		if r.err != nil {
+			return false, r.err
+		}
+	}
+}
+
+// initLocked sets up the scan of d's output queues from their floors.
+func (v *endVerifier) initLocked() error {
+	if v.sc != nil {
+		return nil
+	}
+	d := v.d
+	sc := &restoreScan{e: v.e, attempts: 1, want: make(map[string]bool, len(d.handles)), next: make(map[queueKey]int64, len(d.floors))}
+	for i := range d.handles {
+		h := &d.handles[i].h
+		if _, ok := d.floors[queueOf(h)]; !ok {
+			return fmt.Errorf("rocketmq sink: no floor for output queue %s/%s/%d: cannot tell whether %s was committed", h.BrokerName, h.Topic, h.QueueID, h.MsgID)
+		}
+		sc.want[h.MsgID] = false
+	}
+	for k, f := range d.floors {
+		sc.next[k] = f
+	}
+	v.sc = sc
+	return nil
+}
+
+// runRound sends a barrier (for h), waits the settle and reads the output
+// queues' new tails, one try each.
+func (v *endVerifier) runRound(ctx context.Context, h *client.TxHandle) error {
+	if err := v.e.barrierOnce(ctx, h); err != nil {
+		return err
+	}
+	if err := backoff.Sleep(ctx, v.e.cfg.restoreSettle); err != nil {
+		return err
+	}
+	return v.sc.scan(ctx)
 }

@@ -53,6 +53,14 @@ type TxFaults struct {
 	// restored checkpoint again, without looking for those the crashed run
 	// committed: Apache RocketMQ's broker then stores them twice.
 	BlindRestoreCommit bool
+	// LoseEndAnswers reports the first n END_TRANSACTION commits the
+	// broker acknowledged as failed with an unknown outcome (an answer
+	// lost after the broker applied the commit).
+	LoseEndAnswers int
+	// BlindEndRetry sends a commit whose answer was lost again without
+	// looking whether the broker applied it: Apache RocketMQ's broker then
+	// stores it twice.
+	BlindEndRetry bool
 }
 
 // WithTxFaults enables test-only faults (see TxFaults).
