@@ -213,6 +213,40 @@ func TestJavaBrokerSourceStartStop(t *testing.T) {
 		rl := open(newSrc(srcmq.WithStart(srcmq.Latest())), nil)
 		sendTo(t, cl, p, q, "b0", "b1", "b2")
 		wantBodies(t, "latest", pollSplit(t, rl, 3, false), "b0", "b1", "b2")
+
+		// A batch is stored with one store time: from that time, the whole
+		// batch (4.9.7's search lands on any message of the batch).
+		q1 := qs[0]
+		for _, qq := range qs {
+			if qq.QueueID == 1 {
+				q1 = qq
+			}
+		}
+		sendTo(t, cl, p, q1, "x0")
+		time.Sleep(50 * time.Millisecond)
+		var batch []*client.Message
+		for _, b := range seqBodies("y", 0, 40) {
+			qq := q1
+			batch = append(batch, &client.Message{Topic: topic, Body: []byte(b), Queue: &qq})
+		}
+		res, err := p.Send(bg(t, 10*time.Second), batch...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ys := pullAll(t, cl, q1, "javatest_src_probe", res.QueueOffset, 40, 10*time.Second)
+		if len(ys) != 40 || ys[0].StoreTimestamp != ys[39].StoreTimestamp {
+			t.Logf("batch stored over %d ms", ys[len(ys)-1].StoreTimestamp-ys[0].StoreTimestamp)
+		}
+		s1 := newSrc(srcmq.WithStart(srcmq.AtTimestamp(time.UnixMilli(ys[0].StoreTimestamp))), srcmq.WithStop(srcmq.StopAtLatest()))
+		if _, err := s1.Splits(bg(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		r1, err := s1.Open(bg(t, 10*time.Second), source.Split{ID: q1.BrokerName + "/1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r1.Close() })
+		wantBodies(t, "from a batch's store time", pollSplit(t, r1, 40, true), seqBodies("y", 0, 40)...)
 	})
 }
 
