@@ -81,13 +81,51 @@ type localView struct {
 		restored   bool   // Recover was called
 		sealedUpTo uint64 // highest epoch of this run pre-committed
 		known      map[string]knownState
+		// ended holds the transactions (txKey) this process committed or
+		// aborted, the last maxEnded of them (endedRing, oldest at
+		// endedNext): a check-back of one of their half messages may still
+		// come (Apache RocketMQ 5.x writes its "ended" records in
+		// batches), and committing it again would store it twice.
+		ended     map[string]struct{}
+		endedRing []string
+		endedNext int
 	}
 }
+
+// maxEnded bounds the ended transactions a view remembers.
+const maxEnded = 4096
 
 func newLocalView(run string) *localView {
 	v := &localView{run: run}
 	v.mu.known = make(map[string]knownState)
+	v.mu.ended = make(map[string]struct{})
 	return v
+}
+
+// own answers a check-back from what this process did with the half
+// message, when it did anything: unknown while it is about to commit it
+// or committing it, commit for one whose commit failed here (and that no
+// END_TRANSACTION ended), rollback for a half message of a transaction it
+// committed or aborted (a no-op for the broker when it is committed; an
+// orphan of the transaction otherwise). ok is false when this process
+// knows nothing of it.
+func (v *localView) own(q halfQuery) (st client.TxState, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.ownLocked(q)
+}
+
+func (v *localView) ownLocked(q halfQuery) (client.TxState, bool) {
+	if k, ok := v.mu.known[q.msgID]; ok {
+		if k == knownCommitErr {
+			return client.TxCommit, true
+		}
+		return client.TxUnknown, true
+	}
+	if _, ok := v.mu.ended[txKey(q.run, q.epoch)]; ok {
+		return client.TxRollback, true
+	}
+	return client.TxUnknown, false
 }
 
 // decide implements txDecider (the rules are listed under "Check-back
@@ -98,11 +136,8 @@ func (v *localView) decide(_ context.Context, q halfQuery) client.TxState {
 	if !v.mu.restored {
 		return client.TxUnknown
 	}
-	if k, ok := v.mu.known[q.msgID]; ok {
-		if k == knownCommitErr {
-			return client.TxCommit
-		}
-		return client.TxUnknown
+	if st, ok := v.ownLocked(q); ok {
+		return st
 	}
 	if q.run == v.run && q.epoch > v.mu.sealedUpTo {
 		return client.TxUnknown // the open epoch
@@ -133,18 +168,43 @@ func (v *localView) sealed(d *txnDesc) {
 // starts (StartCommit).
 func (v *localView) durable(d *txnDesc) { v.mark(d, knownDurable) }
 
-// commitFailed records that this process failed to commit d, durable: a
-// check-back commits its half messages.
-func (v *localView) commitFailed(d *txnDesc) { v.mark(d, knownCommitErr) }
+// commitFailed records that this process failed to commit d, durable,
+// after trying the handles hs (all of d's but those a restore found
+// committed), of which those marked in ended were committed: a check-back
+// commits the others and rolls back (a no-op) the committed ones.
+func (v *localView) commitFailed(d *txnDesc, hs []txnHandle, ended []bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range d.handles {
+		delete(v.mu.known, d.handles[i].h.MsgID)
+	}
+	for i := range hs {
+		if !ended[i] {
+			v.mu.known[hs[i].h.MsgID] = knownCommitErr
+		}
+	}
+}
 
-// forget drops d's half messages, committed or aborted: they are no longer
-// checked back.
+// forget drops d's half messages, committed or aborted, and remembers d as
+// ended: a check-back of one of them is answered rollback.
 func (v *localView) forget(d *txnDesc) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for i := range d.handles {
 		delete(v.mu.known, d.handles[i].h.MsgID)
 	}
+	k := txKey(d.run, d.epoch)
+	if _, ok := v.mu.ended[k]; ok {
+		return
+	}
+	if len(v.mu.endedRing) < maxEnded {
+		v.mu.endedRing = append(v.mu.endedRing, k)
+	} else {
+		delete(v.mu.ended, v.mu.endedRing[v.mu.endedNext])
+		v.mu.endedRing[v.mu.endedNext] = k
+		v.mu.endedNext = (v.mu.endedNext + 1) % maxEnded
+	}
+	v.mu.ended[k] = struct{}{}
 }
 
 func (v *localView) mark(d *txnDesc, k knownState) {
@@ -163,6 +223,8 @@ func (v *localView) markLocked(d *txnDesc, k knownState) {
 // job's commit chains (jobinfo.Chains), which every worker reads, since the
 // broker may ask any worker's producer of the group about any task's half
 // message (see "Scale-out" in the package documentation):
+//   - a half message this worker's sink is committing, or committed or
+//     aborted: as its localView answers (localView.own);
 //   - a half message without a task (of a run of the job in one process):
 //     rollback, as localView answers for another run;
 //   - its task's chain says its (owner epoch, epoch) never counts: rollback;
@@ -176,13 +238,22 @@ func (v *localView) markLocked(d *txnDesc, k knownState) {
 //     restore).
 type chainDecider struct {
 	chains jobinfo.Chains
-	sink   string // the sink's UID
+	sink   string     // the sink's UID
+	view   *localView // this sink's own view, asked first
 	// patience is how long a valid half message is left to its owner
 	// before a check-back commits it (half the discard window).
 	patience time.Duration
 }
 
 func (d *chainDecider) decide(_ context.Context, q halfQuery) client.TxState {
+	// What this worker's sink did with the half message decides first: it
+	// must not answer commit for one it committed (Apache RocketMQ 5.x
+	// checks back ended half messages whose "ended" record is not written
+	// yet, and stores a commit answer again) nor take over one it is
+	// committing.
+	if st, ok := d.view.own(q); ok {
+		return st
+	}
 	task, _ := q.msg.Property(PropTask)
 	if task == "" {
 		return client.TxRollback

@@ -46,6 +46,12 @@ func (e *txEngine) preCommit(ctx context.Context, id uint64) ([]byte, error) {
 		return nil, err
 	}
 	d := &txnDesc{checkpoint: id, run: e.run, epoch: ep.epoch, handles: ep.handles(), retried: ep.retried()}
+	// Where a restore looks for what the commit of d stored (floors.go).
+	floors, err := e.floors.floorsOf(ctx, d.handles)
+	if err != nil {
+		return nil, e.fail(err)
+	}
+	d.floors = floors
 	ep.desc = appendTxn(make([]byte, 0, 64+48*ep.n), d)
 	ep.txn, ep.cp = d, id
 	e.view.sealed(d)
@@ -57,6 +63,7 @@ func (e *txEngine) preCommit(ctx context.Context, id uint64) ([]byte, error) {
 			return nil, e.fail(err)
 		}
 	}
+	e.floors.refresh()
 	e.hook(PhasePreCommitted, ep.epoch)
 	return ep.desc, nil
 }
@@ -190,13 +197,27 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 			return e.sendAgain(ctx, ep.slot(i).m)
 		}
 	}
+	hs := d.handles
+	if ep == nil && !e.cfg.faults.BlindRestoreCommit {
+		// A transaction this process did not send: the run that sent it
+		// may have committed some or all of it (restorecheck.go).
+		var err error
+		if hs, err = e.uncommitted(ctx, d); err != nil {
+			return e.fail(fmt.Errorf("rocketmq sink: commit of checkpoint %d (epoch %d, %d records): %w", d.checkpoint, d.epoch, len(d.handles), err))
+		}
+	}
+	ended := make([]bool, len(hs))
+	var v *endVerifier
+	if d.floors != nil && !e.cfg.faults.BlindEndRetry {
+		v = &endVerifier{e: e, d: d}
+	}
 	// endAll returns discarded half messages only when again is nil.
-	discarded, err := e.lanes.endAll(ctx, d.handles, true, again)
+	discarded, err := e.lanes.endAllTracked(ctx, hs, true, again, ended, v)
 	if err == nil && len(discarded) > 0 {
-		err = errDiscardedNoCopy(d, discarded)
+		err = errDiscardedNoCopy(d, hs, discarded)
 	}
 	if err != nil {
-		e.view.commitFailed(d)
+		e.view.commitFailed(d, hs, ended)
 		return e.fail(fmt.Errorf("rocketmq sink: commit of checkpoint %d (epoch %d, %d records): %w", d.checkpoint, d.epoch, len(d.handles), err))
 	}
 	e.hook(PhaseCommitEnded, d.epoch)
@@ -207,10 +228,10 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 // errDiscardedNoCopy is the error of a commit that found half messages
 // discarded and has no copy of their records (the epoch was sent by an
 // earlier run): an operator must act (see ErrDiscarded).
-func errDiscardedNoCopy(d *txnDesc, discarded []int) error {
+func errDiscardedNoCopy(d *txnDesc, hs []txnHandle, discarded []int) error {
 	ids := make([]string, 0, min(len(discarded), 20))
 	for _, i := range discarded[:min(len(discarded), 20)] {
-		ids = append(ids, d.handles[i].h.MsgID)
+		ids = append(ids, hs[i].h.MsgID)
 	}
 	return fmt.Errorf("%w: %d of checkpoint %d (epoch %d of run %s), no copy in this process; first ids %s (see TRANS_CHECK_MAX_TIME_TOPIC)",
 		ErrDiscarded, len(discarded), d.checkpoint, d.epoch, d.run, strings.Join(ids, ","))

@@ -33,12 +33,13 @@
 // Pebble batch. Once that batch is durable the runtime starts the commit
 // (StartCommit: the sink is a sink.AsyncCommitter), which ends every half
 // message with END_TRANSACTION commit on a goroutine of the sink while the
-// job goes on writing epoch n+1; the broker makes each visible exactly
-// once, and repeats of a commit are no-ops, so a commit is idempotent and a
-// skipped or repeated notification is harmless. The runtime waits for the
+// job goes on writing epoch n+1. A process commits a transaction once (a
+// repeated or skipped notification is harmless). The runtime waits for the
 // commit (WaitCommits) at barrier n+1 and at the end of the job, and only
 // then stops listing the transaction in its checkpoints, so a crash while
-// it is being committed commits it again on restore.
+// it is being committed, or before the next checkpoint, commits it again
+// on restore — without repeating what the crashed run committed (see
+// Recovery).
 //
 // # Identity
 //
@@ -67,11 +68,42 @@
 // of its own that retries with backoff, while the other lanes go on; once
 // one failed, the other lanes' next requests are handed over too, so that a
 // broker gone away costs one retry budget, not one per lane.
+// A commit that went out and lost its answer (a timeout, a connection
+// closed in flight: client.MaybeApplied) is sent again only once the
+// output queue shows that the broker did not apply it — a barrier,
+// WithRestoreSettle and a read from the transaction's floors, as a restore
+// does (see Recovery) — since Apache RocketMQ's broker stores a repeated
+// commit twice.
 //
 // # Recovery and orphans
 //
 // On restore the runtime calls Recover with every transaction the latest
-// completed checkpoint lists and then Commit for each. Half messages that no
+// completed checkpoint lists and then Commit for each. The crashed run may
+// have committed some or all of them, and Apache RocketMQ's broker (4.9 and
+// 5.x) stores a half message again for every END_TRANSACTION commit (it
+// finds the half message by its commit log offset whether or not it was
+// ended; runnel's broker answers a repeat as done). So every transaction
+// description also records, per output queue, an offset observed before
+// its pre-commit (its floor: the queues' max offsets, asked at the first
+// pre-commit touching a queue and then refreshed in the background after
+// every pre-commit), and a restore reads each output queue from its floor
+// and commits only the half messages whose committed copy (same UNIQ_KEY)
+// is not there, in lane order. When something is left to commit, it first
+// sends a barrier — an END_TRANSACTION the broker refuses (a wrong producer
+// group) — whose answer comes once the broker took every END_TRANSACTION
+// the crashed run left queued (Apache RocketMQ serves them first in, first
+// out, and drops any that waited longer than its
+// waitTimeMillsInTransactionQueue, 3 s), waits WithRestoreSettle (default
+// 500 ms) for those to be stored, and reads the queues' new tails again.
+// The reads use the sink's producer group as consumer group (brokers that
+// do not create subscription groups on first use need it created). A
+// restore reads about the last two epochs' output per queue (the
+// measurement is in internal/javatest's ETL test logs: tens of
+// milliseconds when everything was committed, plus the settle otherwise).
+// A description written by an earlier version has no floors and is
+// committed again whole, as before.
+//
+// Half messages that no
 // completed checkpoint lists (sent during an epoch whose checkpoint never
 // completed, or orphans of a send whose outcome was unknown and that was
 // sent again) are NOT searched for: they are rolled back when the broker
@@ -90,8 +122,13 @@
 //     (listed by a durable checkpoint, or pre-committed for a checkpoint in
 //     flight): unknown, asked again later, so that commits stay in lane
 //     order;
-//   - listed by a durable checkpoint whose commit failed in this process:
-//     commit;
+//   - listed by a durable checkpoint whose commit failed in this process,
+//     and not ended by it before the failure: commit;
+//   - of a transaction this process committed or aborted (the last 4096):
+//     rollback, a no-op for the broker once committed (Apache RocketMQ 5.x
+//     writes its "ended" records in batches, every 3 s, and checks back
+//     half messages whose record is not written yet: a commit answer would
+//     store them again);
 //   - of an earlier run and not listed by the latest durable checkpoint:
 //     rollback (its records are replayed from the checkpointed offsets);
 //   - of this run, from an epoch already pre-committed, but not part of it
@@ -132,10 +169,20 @@
 // copy from an orphan (rollback). The accepted copy is the owner's to end:
 // the owner ends its transactions after publishing, and a new owner,
 // restoring the task's pending transactions, commits them again in lane
-// order, so a check-back answers unknown for it until it is half the
-// discard window old (committing it earlier from another worker would let
-// it overtake its lane's earlier records), then commit (such commits, of
-// half messages whose owner is gone for long, are not kept in lane order).
+// order (leaving out what was committed, as a restore does), so a
+// check-back answers unknown for it until it is half the discard window
+// old (committing it earlier from another worker would let it overtake its
+// lane's earlier records), then commit (such commits, of half messages
+// whose owner is gone for long, are not kept in lane order). What the
+// asked worker's own sink did with the half message comes first: unknown
+// while it is about to commit or committing it, rollback once it committed
+// (or aborted) its transaction, so that a check-back of a half message
+// already committed, which Apache RocketMQ 5.x sends, is not committed
+// again. A worker that did not commit it answers from the chains, which
+// cannot tell a committed half message from a pending one: on Apache
+// RocketMQ 5.x such a check-back, reaching another worker than the one
+// that committed the half message within the broker's batching of its
+// "ended" records, after half the discard window, stores it again.
 //
 // # Failing loudly
 //

@@ -67,6 +67,9 @@ type txEngine struct {
 
 	fatal atomic.Pointer[error]
 
+	// floors observes the output queues (floors.go).
+	floors *floorTracker
+
 	// view is what this process knows of its half messages; decider
 	// answers check-backs (from view: see checkback.go).
 	view    *localView
@@ -97,6 +100,8 @@ func newTxEngine(c *client.Client, opts []TxOption) (*txEngine, error) {
 		return nil, fmt.Errorf("%w: discard window %v <= 0", ErrInvalidOption, cfg.discardWindow)
 	case cfg.maxEpoch < 1:
 		return nil, fmt.Errorf("%w: max epoch records %d < 1", ErrInvalidOption, cfg.maxEpoch)
+	case cfg.restoreSettle < 0:
+		return nil, fmt.Errorf("%w: restore settle %v < 0", ErrInvalidOption, cfg.restoreSettle)
 	}
 	var rb [8]byte
 	_, _ = rand.Read(rb[:]) // never fails (crypto/rand panics instead)
@@ -127,7 +132,7 @@ func (e *txEngine) bind(info jobinfo.Info) error {
 			return fmt.Errorf("%w: Bind: scale-out task without a task id or commit chains", ErrInvalidOption)
 		}
 		e.scale, e.ownerTag = sc, strconv.FormatUint(sc.OwnerEpoch, 10)
-		e.decider = &chainDecider{chains: sc.Chains, sink: info.UID, patience: e.cfg.discardWindow / 2}
+		e.decider = &chainDecider{chains: sc.Chains, sink: info.UID, view: e.view, patience: e.cfg.discardWindow / 2}
 	}
 	if e.cfg.groupSet {
 		return nil // WithTxGroup's group wins
@@ -169,9 +174,15 @@ func (e *txEngine) startProducer(group string) error {
 	}
 	e.p = p
 	e.lanes = laneCommitter{end: p, attempts: e.cfg.attempts, retry: e.cfg.retry, log: e.log, group: group}
+	if n := e.cfg.faults.LoseEndAnswers; n > 0 {
+		la := &lostAnswers{endSender: p}
+		la.n.Store(int64(n))
+		e.lanes.end = la
+	}
 	if e.cfg.sendTimeoutSet {
 		e.lanes.timeout = e.cfg.sendTimeout
 	}
+	e.floors = newFloorTracker(e.c, e.cfg.attempts, e.cfg.retry, e.lanes.timeout)
 	return nil
 }
 
@@ -244,5 +255,6 @@ func (e *txEngine) close() error {
 	if err == nil {
 		err = e.err() // a failure the runtime may not have seen yet (a background commit)
 	}
+	e.floors.close()
 	return errors.Join(err, e.p.Close())
 }

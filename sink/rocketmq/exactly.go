@@ -54,6 +54,10 @@ const (
 	// checkpoint interval); more fails the job (the description must fit
 	// in one checkpoint value).
 	DefaultMaxEpochRecords = 500_000
+	// DefaultRestoreSettle is how long a restore waits, after its barrier,
+	// for END_TRANSACTIONs of a crashed run that the broker took but had
+	// not stored yet (WithRestoreSettle).
+	DefaultRestoreSettle = 500 * time.Millisecond
 )
 
 var (

@@ -39,6 +39,32 @@ type endSender interface {
 
 var _ endSender = (*client.Producer)(nil)
 
+// errLostAnswer is the error of an END_TRANSACTION commit whose answer
+// TxFaults.LoseEndAnswers dropped (the broker did commit).
+var errLostAnswer = errors.New("rocketmq sink: END_TRANSACTION answer lost (test fault)")
+
+// lostAnswers is an endSender that reports the first n successful commits
+// as failed with errLostAnswer (TxFaults.LoseEndAnswers).
+type lostAnswers struct {
+	endSender
+	n atomic.Int64
+}
+
+func (l *lostAnswers) lose(commit bool, err error) error {
+	if commit && err == nil && l.n.Add(-1) >= 0 {
+		return errLostAnswer
+	}
+	return err
+}
+
+func (l *lostAnswers) EndTransactionAsync(ctx context.Context, h client.TxHandle, commit bool, cb func(error)) {
+	l.endSender.EndTransactionAsync(ctx, h, commit, func(err error) { cb(l.lose(commit, err)) })
+}
+
+func (l *lostAnswers) EndTransaction(ctx context.Context, h client.TxHandle, commit bool) error {
+	return l.lose(commit, l.endSender.EndTransaction(ctx, h, commit))
+}
+
 // againFunc sends the record of the discarded half message hs[i] of a
 // commit again and commits it, before its lane's next half message (see
 // laneCommitter.endAll).
@@ -87,7 +113,7 @@ func classifyEnd(err error, h *client.TxHandle, commit bool) error {
 // endOne ends one half message with retries. It returns errDiscardedHalf
 // when the broker discarded it.
 func (lc *laneCommitter) endOne(ctx context.Context, h *client.TxHandle, commit bool) error {
-	return lc.endRetry(ctx, h, commit, lc.endAttempt(ctx, h, commit))
+	return lc.endRetry(ctx, h, commit, lc.endAttempt(ctx, h, commit), nil)
 }
 
 // endAttempt sends one END_TRANSACTION for h and classifies its error.
@@ -100,22 +126,47 @@ func (lc *laneCommitter) endAttempt(ctx context.Context, h *client.TxHandle, com
 // endRetry retries ending h after a first attempt that ended with err
 // (classified), with backoff, up to the configured attempts in all. It
 // gives up at once on a refusal no retry can change, on a closed producer
-// and when ctx ends.
-func (lc *laneCommitter) endRetry(ctx context.Context, h *client.TxHandle, commit bool, err error) error {
+// and when ctx ends. After a commit whose outcome is unknown (the request
+// went out, its answer did not come: endUnsure) it asks v whether the
+// broker committed h before it sends the commit again — Apache RocketMQ's
+// broker stores a half message again for every commit — and asks again
+// (within the same attempts) while v cannot tell. Without v (nil) it
+// sends the commit again.
+func (lc *laneCommitter) endRetry(ctx context.Context, h *client.TxHandle, commit bool, err error, v *endVerifier) error {
+	failedAt := time.Now()
+	unsure := commit && v != nil && endUnsure(err)
 	for i := 1; i < lc.attempts && err != nil; i++ {
 		if errors.Is(err, errDiscardedHalf) || errors.Is(err, ErrRolledBack) || errors.Is(err, errAbortCommitted) ||
 			errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
 			return err
 		}
 		lc.log.Warn("rocketmq sink: END_TRANSACTION failed; retrying", "group", lc.group, "msgId", h.MsgID,
-			"commit", commit, "attempt", i, "of", lc.attempts, "err", err)
+			"commit", commit, "attempt", i, "of", lc.attempts, "unsure", unsure, "err", err)
 		if backoff.Sleep(ctx, lc.retry.Delay(i-1)) != nil {
 			return err
 		}
+		if unsure {
+			done, verr := v.committed(ctx, h, failedAt)
+			switch {
+			case verr != nil:
+				err = verr
+				continue // still unsure: ask again
+			case done:
+				return nil
+			}
+			unsure = false
+		}
 		err = lc.endAttempt(ctx, h, commit)
+		failedAt = time.Now()
+		unsure = commit && v != nil && endUnsure(err)
 	}
 	return err
 }
+
+// endUnsure reports whether an END_TRANSACTION that failed with err may
+// have been applied: sent, and its answer lost (or the test fault that
+// pretends so).
+func endUnsure(err error) bool { return client.MaybeApplied(err) || errors.Is(err, errLostAnswer) }
 
 // endAll ends every handle of hs (commit, or roll back), lanes in
 // parallel, each lane in order (see the notes above endSender). When a
@@ -126,12 +177,22 @@ func (lc *laneCommitter) endRetry(ctx context.Context, h *client.TxHandle, commi
 // only). It returns the first error of a lane that failed for good, or
 // ctx's error when ctx ended with lanes unfinished.
 func (lc *laneCommitter) endAll(ctx context.Context, hs []txnHandle, commit bool, again againFunc) ([]int, error) {
+	return lc.endAllTracked(ctx, hs, commit, again, nil, nil)
+}
+
+// endAllTracked is endAll that also marks in ended (nil, or one entry per
+// handle of hs) every handle the broker acknowledged ending (or, for a
+// discarded one, whose record again sent and committed), and that asks v
+// (when not nil) whether a commit whose answer was lost was applied before
+// sending it again (see endRetry).
+func (lc *laneCommitter) endAllTracked(ctx context.Context, hs []txnHandle, commit bool, again againFunc, ended []bool, v *endVerifier) ([]int, error) {
 	if len(hs) == 0 {
 		return nil, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := newLaneRun(lc, hs, commit, again, cancel)
+	r.ended, r.verify = ended, v
 	// The pipelined requests are not cancelled with ctx (that would cost a
 	// context.AfterFunc each): after a failure no new one is sent, and
 	// those in flight end with their answer or the request timeout.
@@ -169,6 +230,8 @@ type laneRun struct {
 
 	q        endQueue
 	st       endState
+	ended    []bool               // nil, or per handle: acknowledged (each written by the goroutine ending its lane)
+	verify   *endVerifier         // nil, or asked after commits whose answer was lost
 	cbs      []func(error)        // per lane, its pipelined requests' callback
 	cancels  []context.CancelFunc // per lane, its request's deadline (lc.timeout > 0)
 	inflight int                  // pipelined requests unanswered
@@ -244,6 +307,9 @@ func (r *laneRun) collect(ctx, rctx context.Context) (stopped bool) {
 				r.handOver(ctx, l, classifyEnd(a.err, &r.hs[r.order[r.next[l]]].h, r.commit))
 				continue
 			}
+			if r.ended != nil {
+				r.ended[r.order[r.next[l]]] = true
+			}
 			r.next[l]++
 			if r.next[l] == r.start[l+1] {
 				continue // the lane is done
@@ -273,10 +339,11 @@ func (r *laneRun) handOver(ctx context.Context, l uint32, failed error) {
 func (r *laneRun) endLane(ctx context.Context, idx []int32, failed error) {
 	for k, i := range idx {
 		var err error
+		h := &r.hs[i].h
 		if k == 0 && failed != nil {
-			err = r.lc.endRetry(ctx, &r.hs[i].h, r.commit, failed)
+			err = r.lc.endRetry(ctx, h, r.commit, failed, r.verify)
 		} else {
-			err = r.lc.endOne(ctx, &r.hs[i].h, r.commit)
+			err = r.lc.endRetry(ctx, h, r.commit, r.lc.endAttempt(ctx, h, r.commit), r.verify)
 		}
 		if errors.Is(err, errDiscardedHalf) && r.commit && r.again != nil {
 			err = r.again(ctx, int(i))
@@ -288,6 +355,9 @@ func (r *laneRun) endLane(ctx context.Context, idx []int32, failed error) {
 		if err != nil {
 			r.st.failed(err)
 			return
+		}
+		if r.ended != nil {
+			r.ended[i] = true
 		}
 	}
 }

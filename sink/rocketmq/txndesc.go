@@ -30,12 +30,21 @@ var ErrBadTxn = errors.New("rocketmq sink: bad transaction description")
 // broker acknowledged — what scale-out's check-back answers need to tell an
 // orphan of an uncertain attempt from the accepted copy (TxnInfo).
 //
+// Version 3 (written once the sink observed its output queues) is version
+// 2 with, in every dictionary entry after brokerAddr, uvarint queueID (the
+// queue of topic its handles go to once committed) and uvarint floor + 1
+// (0: unknown): an offset of that queue observed before the epoch was
+// pre-committed, so that every committed copy of its half messages lies at
+// or after it (what a restore scans, see restorecheck.go); the retried
+// section is always present (count 0 when no send was retried).
+//
 // Strings are a uvarint length and the bytes. A handle takes about 45 bytes,
 // so an epoch of 100k records describes itself in about 4.5 MB (the
 // checkpoint store accepts up to checkpoint.MaxValueLen, 32 MiB).
 const (
 	txnVersion   = 1
 	txnVersion2  = 2
+	txnVersion3  = 3
 	maxTxnString = 1024
 )
 
@@ -58,19 +67,48 @@ type txnDesc struct {
 	epoch      uint64
 	handles    []txnHandle
 	retried    []retriedSlot
+	// floors holds, per output queue of the handles, an offset below every
+	// committed copy of them (version 3); nil when the description has none
+	// (versions 1 and 2), and a queue it lacks has none.
+	floors map[queueKey]int64
 }
 
-type dictKey struct{ group, topic, brokerName, brokerAddr string }
+// queueKey names an output queue.
+type queueKey struct {
+	topic, broker string
+	queue         int32
+}
+
+func queueOf(h *client.TxHandle) queueKey {
+	return queueKey{topic: h.Topic, broker: h.BrokerName, queue: h.QueueID}
+}
+
+type dictKey struct {
+	group, topic, brokerName, brokerAddr string
+	queue                                int32 // version 3 only
+}
+
+func (d *txnDesc) dictKeyOf(h *client.TxHandle) dictKey {
+	k := dictKey{group: h.ProducerGroup, topic: h.Topic, brokerName: h.BrokerName, brokerAddr: h.BrokerAddr}
+	if d.floors != nil {
+		k.queue = h.QueueID
+	}
+	return k
+}
 
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
 }
 
-// appendTxn appends the encoding of d to b.
+// appendTxn appends the encoding of d to b: version 3 when d has floors,
+// else version 2 when some send was retried, else version 1.
 func appendTxn(b []byte, d *txnDesc) []byte {
 	v := byte(txnVersion)
-	if len(d.retried) > 0 {
+	switch {
+	case d.floors != nil:
+		v = txnVersion3
+	case len(d.retried) > 0:
 		v = txnVersion2
 	}
 	b = append(b, 'R', 'X', v)
@@ -80,8 +118,7 @@ func appendTxn(b []byte, d *txnDesc) []byte {
 	var dict []dictKey
 	idx := make(map[dictKey]int, 2)
 	for i := range d.handles {
-		h := &d.handles[i].h
-		k := dictKey{h.ProducerGroup, h.Topic, h.BrokerName, h.BrokerAddr}
+		k := d.dictKeyOf(&d.handles[i].h)
 		if _, ok := idx[k]; !ok {
 			idx[k] = len(dict)
 			dict = append(dict, k)
@@ -93,12 +130,20 @@ func appendTxn(b []byte, d *txnDesc) []byte {
 		b = appendString(b, k.topic)
 		b = appendString(b, k.brokerName)
 		b = appendString(b, k.brokerAddr)
+		if v == txnVersion3 {
+			b = binary.AppendUvarint(b, uint64(k.queue))
+			f, ok := d.floors[queueKey{topic: k.topic, broker: k.brokerName, queue: k.queue}]
+			if !ok || f < 0 {
+				f = -1
+			}
+			b = binary.AppendUvarint(b, uint64(f+1))
+		}
 	}
 	b = binary.AppendUvarint(b, uint64(len(d.handles)))
 	for i := range d.handles {
 		th := &d.handles[i]
 		h := &th.h
-		b = binary.AppendUvarint(b, uint64(idx[dictKey{h.ProducerGroup, h.Topic, h.BrokerName, h.BrokerAddr}]))
+		b = binary.AppendUvarint(b, uint64(idx[d.dictKeyOf(h)]))
 		b = binary.AppendUvarint(b, uint64(th.lane))
 		b = binary.AppendUvarint(b, uint64(h.TranStateTableOffset))
 		b = binary.AppendUvarint(b, uint64(h.CommitLogOffset))
@@ -109,7 +154,7 @@ func appendTxn(b []byte, d *txnDesc) []byte {
 			b = appendString(b, h.TransactionID)
 		}
 	}
-	if len(d.retried) > 0 {
+	if v != txnVersion {
 		b = binary.AppendUvarint(b, uint64(len(d.retried)))
 		for _, r := range d.retried {
 			b = binary.AppendUvarint(b, uint64(r.slot))
@@ -162,8 +207,9 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 	if len(b) < 3 || b[0] != 'R' || b[1] != 'X' {
 		return nil, fmt.Errorf("%w: no header", ErrBadTxn)
 	}
-	if b[2] != txnVersion && b[2] != txnVersion2 {
-		return nil, fmt.Errorf("%w: version %d (want %d or %d)", ErrBadTxn, b[2], txnVersion, txnVersion2)
+	v := b[2]
+	if v != txnVersion && v != txnVersion2 && v != txnVersion3 {
+		return nil, fmt.Errorf("%w: version %d (want %d to %d)", ErrBadTxn, v, txnVersion, txnVersion3)
 	}
 	r := &txnReader{b: b[3:]}
 	d := &txnDesc{}
@@ -172,8 +218,20 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 	d.epoch = r.uvarint("epoch", 1<<63-1)
 	nd := r.uvarint("dictionary size", uint64(len(r.b))/4)
 	dict := make([]dictKey, 0, nd)
+	if v == txnVersion3 {
+		d.floors = make(map[queueKey]int64, nd)
+	}
 	for range nd {
 		k := dictKey{group: r.str("producer group"), topic: r.str("topic"), brokerName: r.str("broker name"), brokerAddr: r.str("broker address")}
+		if v == txnVersion3 {
+			k.queue = int32(r.uvarint("queue id", 1<<31-1))
+			if f := r.uvarint("floor", 1<<63-1); f > 0 && r.err == nil {
+				qk := queueKey{topic: k.topic, broker: k.brokerName, queue: k.queue}
+				if old, ok := d.floors[qk]; !ok || int64(f-1) < old {
+					d.floors[qk] = int64(f - 1)
+				}
+			}
+		}
 		dict = append(dict, k)
 	}
 	// A handle takes at least 6 bytes.
@@ -200,11 +258,11 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 		}
 		k := dict[di]
 		d.handles = append(d.handles, txnHandle{lane: uint32(lane), h: client.TxHandle{
-			ProducerGroup: k.group, Topic: k.topic, BrokerName: k.brokerName, BrokerAddr: k.brokerAddr,
+			ProducerGroup: k.group, Topic: k.topic, BrokerName: k.brokerName, BrokerAddr: k.brokerAddr, QueueID: k.queue,
 			TranStateTableOffset: int64(tso), CommitLogOffset: int64(clo), MsgID: id, TransactionID: tx,
 		}})
 	}
-	if b[2] == txnVersion2 {
+	if v != txnVersion {
 		n := r.uvarint("retried slots", uint64(len(d.handles)))
 		for range n {
 			sl := r.uvarint("retried slot", uint64(len(d.handles)))

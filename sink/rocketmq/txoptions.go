@@ -27,6 +27,7 @@ type txConfig struct {
 	sendTimeoutSet bool // else each request gets the client's request timeout
 	discardWindow  time.Duration
 	maxEpoch       int
+	restoreSettle  time.Duration
 	log            *slog.Logger
 	hook           func(p Phase, epoch uint64)
 	producerOpts   []client.ProducerOption
@@ -37,6 +38,7 @@ func defaultTxConfig() txConfig {
 	return txConfig{
 		lanes: DefaultCommitLanes, maxInFlight: DefaultTxMaxInFlight, attempts: DefaultTxAttempts,
 		sendTimeout: client.DefaultRequestTimeout, discardWindow: DefaultDiscardWindow, maxEpoch: DefaultMaxEpochRecords,
+		restoreSettle: DefaultRestoreSettle,
 	}
 }
 
@@ -47,6 +49,18 @@ type TxFaults struct {
 	// before the checkpoint that lists them is durable: a crash between the
 	// two then replays records whose output is already visible.
 	CommitBeforeDurable bool
+	// BlindRestoreCommit makes a restore commit every half message of the
+	// restored checkpoint again, without looking for those the crashed run
+	// committed: Apache RocketMQ's broker then stores them twice.
+	BlindRestoreCommit bool
+	// LoseEndAnswers reports the first n END_TRANSACTION commits the
+	// broker acknowledged as failed with an unknown outcome (an answer
+	// lost after the broker applied the commit).
+	LoseEndAnswers int
+	// BlindEndRetry sends a commit whose answer was lost again without
+	// looking whether the broker applied it: Apache RocketMQ's broker then
+	// stores it twice.
+	BlindEndRetry bool
 }
 
 // WithTxFaults enables test-only faults (see TxFaults).
@@ -92,6 +106,16 @@ func WithDiscardWindow(d time.Duration) TxOption {
 // WithMaxEpochRecords bounds the records of one epoch (default
 // DefaultMaxEpochRecords).
 func WithMaxEpochRecords(n int) TxOption { return txOptionFunc(func(c *txConfig) { c.maxEpoch = n }) }
+
+// WithRestoreSettle sets how long a restore that finds a restored
+// checkpoint's commit unfinished waits, after its barrier, for the
+// END_TRANSACTIONs the crashed run left in flight to be stored before it
+// reads the output queues again and commits the rest (default
+// DefaultRestoreSettle; see "Recovery and orphans" in the package
+// documentation).
+func WithRestoreSettle(d time.Duration) TxOption {
+	return txOptionFunc(func(c *txConfig) { c.restoreSettle = d })
+}
 
 // WithTxLogger sets the sink's logger (nil discards).
 func WithTxLogger(l *slog.Logger) TxOption { return txOptionFunc(func(c *txConfig) { c.log = l }) }

@@ -321,7 +321,7 @@ func (s *Source) startOffset(ctx context.Context, q protocol.MessageQueue, id st
 	case startLatest:
 		off, err = s.c.MaxOffset(ctx, q)
 	case startTimestamp:
-		off, err = s.c.SearchOffset(ctx, q, p.t)
+		off, err = s.atTimestamp(ctx, q, p.t) // seek.go
 	case startGroup:
 		off, err = s.c.QueryConsumerOffset(ctx, s.cfg.group, q)
 		if errors.Is(err, client.ErrNoOffset) || (err == nil && off < 0) {

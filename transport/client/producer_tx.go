@@ -41,6 +41,8 @@ type TxHandle struct {
 	Topic         string `json:"topic"`
 	BrokerName    string `json:"brokerName"`
 	BrokerAddr    string `json:"brokerAddr"`
+	// QueueID is the queue of Topic the message goes to once committed.
+	QueueID int32 `json:"queueId"`
 	// TranStateTableOffset is the half message's offset in the half queue.
 	TranStateTableOffset int64 `json:"tranStateTableOffset"`
 	// CommitLogOffset is the half message's physical offset.
@@ -86,6 +88,7 @@ func (p *Producer) halfHandle(topic string, res SendResult) (TxHandle, error) {
 		Topic:                topic,
 		BrokerName:           res.Queue.BrokerName,
 		BrokerAddr:           res.BrokerAddr,
+		QueueID:              res.Queue.QueueID,
 		TranStateTableOffset: res.QueueOffset,
 		CommitLogOffset:      phys,
 		MsgID:                res.MsgID,
@@ -172,9 +175,11 @@ func (p *Producer) announce(ctx context.Context, topic string) {
 // EndTransaction commits (commit=true) or rolls back the half message h
 // identifies, and waits for the broker's answer. It goes to the current
 // master of h.BrokerName (h.BrokerAddr when the route does not name one).
-// Ending a transaction twice with the same decision is harmless on Apache
-// RocketMQ brokers (the second finds no pending half message and fails with
-// a SYSTEM_ERROR reply). A broker without transaction support yields an
+// Do not commit a half message twice on Apache RocketMQ brokers (4.9 and
+// 5.x): they find the half message by its commit log offset whether or not
+// it was ended, and store the message again for every commit (a commit
+// answered to a later check-back too); runnel's broker answers a repeat of
+// the same end as done. A broker without transaction support yields an
 // error wrapping ErrTxUnsupported.
 func (p *Producer) EndTransaction(ctx context.Context, h TxHandle, commit bool) error {
 	addr, req, err := p.endRequest(ctx, &h, commit)
