@@ -388,22 +388,37 @@ type HALogEntry struct {
 
 // AppendHALogEntry appends one log entry to a TRANSFER body.
 func AppendHALogEntry(dst, record []byte, tagsCode int64, keys []string) ([]byte, error) {
-	if len(keys) > MaxHAKeys {
-		return dst, fmt.Errorf("%w: %d index keys", ErrUnencodable, len(keys))
+	dst, err := AppendHALogEntryStart(dst, record, tagsCode, len(keys))
+	for _, k := range keys {
+		if err != nil {
+			break
+		}
+		dst, err = appendHAString(dst, k)
+	}
+	return dst, err
+}
+
+// AppendHALogEntryStart appends a log entry's record, tags code and key
+// count; the caller appends exactly nKeys keys with AppendHALogKey next.
+func AppendHALogEntryStart(dst, record []byte, tagsCode int64, nKeys int) ([]byte, error) {
+	if nKeys < 0 || nKeys > MaxHAKeys {
+		return dst, fmt.Errorf("%w: %d index keys", ErrUnencodable, nKeys)
 	}
 	if len(record) < 4 || int(binary.BigEndian.Uint32(record)) != len(record) {
 		return dst, fmt.Errorf("%w: record TOTALSIZE does not match its %d bytes", ErrUnencodable, len(record))
 	}
 	dst = append(dst, record...)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(tagsCode))
-	dst = binary.BigEndian.AppendUint16(dst, uint16(len(keys)))
-	var err error
-	for _, k := range keys {
-		if dst, err = appendHAString(dst, k); err != nil {
-			return dst, err
-		}
+	return binary.BigEndian.AppendUint16(dst, uint16(nKeys)), nil
+}
+
+// AppendHALogKey appends one index key of the log entry started last.
+func AppendHALogKey(dst, key []byte) ([]byte, error) {
+	if len(key) > math.MaxUint16 {
+		return dst, fmt.Errorf("%w: index key of %d bytes", ErrUnencodable, len(key))
 	}
-	return dst, nil
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(key)))
+	return append(dst, key...), nil
 }
 
 // DecodeHALogEntries calls fn for each log entry of a TRANSFER body, in

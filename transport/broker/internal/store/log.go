@@ -502,7 +502,8 @@ func (s *Store) AddEpoch(epoch int32, start int64) error {
 // StartEpoch begins a new epoch at the log end (a master starting): the
 // next epoch number, or, when the last epoch holds no record (it starts at
 // the log end), that epoch renumbered, so that restarts without writes do
-// not pile up epochs. It returns the epoch and its start.
+// not pile up epochs. The first epoch starts at 0, whatever the log holds.
+// It returns the epoch and its start.
 func (s *Store) StartEpoch() (Epoch, error) {
 	if err := s.acquire(); err != nil {
 		return Epoch{}, err
@@ -517,10 +518,13 @@ func (s *Store) StartEpoch() (Epoch, error) {
 	if err != nil {
 		return Epoch{}, err
 	}
-	ep := Epoch{Epoch: 1, StartOffset: s.physNext}
+	// The first epoch covers the whole log so far (a store that held
+	// records before it ran as a master included).
+	ep := Epoch{Epoch: 1, StartOffset: 0}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if n := len(epochs); n > 0 {
+		ep.StartOffset = s.physNext
 		last := epochs[n-1]
 		ep.Epoch = last.Epoch + 1
 		if last.StartOffset == s.physNext {
