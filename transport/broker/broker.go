@@ -326,11 +326,11 @@ func (b *Broker) start(ctx context.Context) error {
 	}
 	b.hostStr = b.host.String()
 	b.uniq = protocol.NewUniqIDGenerator(b.host.Addr(), os.Getpid())
-	if err := b.startHA(ctx); err != nil {
-		return errors.Join(err, l.Close())
-	}
 	for _, ns := range b.cfg.nameServers {
 		b.regs = append(b.regs, newRegistrar(b, ns))
+	}
+	if err := b.startHA(ctx); err != nil {
+		return errors.Join(err, l.Close())
 	}
 	// Everything processors read is set: serve.
 	b.goOwned("serve", func(context.Context) {
@@ -348,7 +348,7 @@ func (b *Broker) start(ctx context.Context) error {
 	// The first registration is attempted synchronously so that routes
 	// exist when Start returns (when the name servers are up).
 	for _, r := range b.regs {
-		if err := r.registerOnce(ctx); err != nil {
+		if err := r.registerFirst(ctx); err != nil {
 			if errors.Is(err, errRegistrationConflict) {
 				return err
 			}

@@ -102,6 +102,7 @@ type haConfig struct {
 	syncInterval time.Duration
 	slaveRead    bool
 	slaveReadLag int64
+	control      func(ctx context.Context, offset int64, size int) error
 }
 
 func defaultHAConfig() haConfig {
@@ -216,6 +217,17 @@ func WithSlaveSyncInterval(d time.Duration) Option {
 // slave refuses pulls with SYSTEM_BUSY, as a Java 5 slave does.
 func WithSlaveRead(enabled bool, lag int64) Option {
 	return optionFunc(func(c *config) { c.ha.slaveRead, c.ha.slaveReadLag = enabled, lag })
+}
+
+// WithHAControl installs a fault hook on a slave's replication: fn is
+// called with the physical offset and size of every transfer frame before
+// the slave appends it. Returning an error drops the HA connection (as a
+// network failure would; the slave reconnects after its backoff); blocking
+// stalls the slave (it stops reading: the master's writer then blocks on
+// the full socket until its write deadline). ctx ends when the broker
+// stops. For tests and fault drills.
+func WithHAControl(fn func(ctx context.Context, offset int64, size int) error) Option {
+	return optionFunc(func(c *config) { c.ha.control = fn })
 }
 
 // isSlave reports whether the broker is a slave.
@@ -345,6 +357,9 @@ type MasterLink struct {
 	// master.
 	BytesReceived       int64
 	LastRead, LastWrite time.Time
+	// From is where the current (or last) connection's transfer started:
+	// the slave's log end then.
+	From int64
 	// LastError is why the last connection failed or was refused ("" when
 	// none did).
 	LastError string

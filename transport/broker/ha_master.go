@@ -342,8 +342,8 @@ func (hc *haConn) transfer(ctx context.Context, epochs []store.Epoch) error {
 			ep, limit := store.Epoch{}, end
 			for i, e := range epochs {
 				if e.StartOffset <= next {
-					ep = e
-					if i+1 < len(epochs) {
+					ep, limit = e, end
+					if i+1 < len(epochs) && epochs[i+1].StartOffset > next {
 						limit = min(end, epochs[i+1].StartOffset)
 					}
 				}

@@ -25,6 +25,7 @@ type haSlave struct {
 	b       *Broker
 	log     *slog.Logger
 	syncNow chan struct{} // capacity 1: copy the master's metadata soon
+	learned chan struct{} // capacity 1: the name servers named a master
 
 	received    atomic.Int64
 	truncations atomic.Int64
@@ -39,11 +40,12 @@ type haSlave struct {
 		lastRead, lastWrite    time.Time
 		lastErr                string
 		haAddr                 string // the HA address in use
+		from                   int64  // where the current connection's transfer started
 	}
 }
 
 func newHASlave(b *Broker) *haSlave {
-	return &haSlave{b: b, log: b.log.With("ha", "slave"), syncNow: make(chan struct{}, 1)}
+	return &haSlave{b: b, log: b.log.With("ha", "slave"), syncNow: make(chan struct{}, 1), learned: make(chan struct{}, 1)}
 }
 
 // learn records the master addresses a name server answered the slave's
@@ -59,6 +61,10 @@ func (s *haSlave) learn(masterAddr, haAddr string) {
 	if changed {
 		s.log.Info("broker: the name server names the master", "master", masterAddr, "master_ha", haAddr)
 		s.syncSoon()
+		select {
+		case s.learned <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -106,7 +112,7 @@ func (s *haSlave) status(logEnd int64) *MasterLink {
 		MasterAddr: s.mu.learnedAddr, MasterHAAddr: s.mu.haAddr, Connected: s.mu.connected,
 		MasterLogEnd: s.mu.masterEnd, BytesReceived: s.received.Load(),
 		LastRead: s.mu.lastRead, LastWrite: s.mu.lastWrite, LastError: s.mu.lastErr,
-		Truncations: s.truncations.Load(), LastTruncatedAt: s.lastTrunc.Load(),
+		Truncations: s.truncations.Load(), LastTruncatedAt: s.lastTrunc.Load(), From: s.mu.from,
 	}
 	if ml.MasterAddr == "" {
 		ml.MasterAddr = s.mu.hsAddr
@@ -139,6 +145,17 @@ func (s *haSlave) run(ctx context.Context) {
 		var err error
 		if addr == "" {
 			err = errors.New("no master HA address yet: waiting for the name servers to name this slave's master")
+			s.mu.Lock()
+			s.mu.lastErr = err.Error()
+			s.mu.Unlock()
+			s.b.triggerRegister()
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.learned:
+			case <-time.After(maxBackoff):
+			}
+			continue
 		} else {
 			var transferred bool
 			transferred, err = s.session(ctx, addr)
@@ -166,6 +183,8 @@ func (s *haSlave) run(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-s.learned: // another master address: try it at once
+			t.Stop()
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
@@ -249,6 +268,7 @@ func (s *haSlave) session(ctx context.Context, addr string) (transferred bool, e
 	}
 	s.mu.Lock()
 	s.mu.hsAddr = mid.BrokerAddr
+	s.mu.from = st.LogEnd()
 	s.mu.masterEnd = f.Offset
 	s.mu.lastRead = time.Now()
 	s.mu.connected = true
@@ -319,6 +339,11 @@ func (s *haSlave) session(ctx context.Context, addr string) (transferred bool, e
 				return true, err
 			}
 			lastEpoch = f.Epoch
+		}
+		if fn := b.cfg.ha.control; fn != nil {
+			if err := fn(ctx, f.Offset, len(f.Body)); err != nil {
+				return true, fmt.Errorf("broker: HA fault hook: %w", err)
+			}
 		}
 		if err := ap.apply(ctx, s, f.Body); err != nil {
 			return true, err

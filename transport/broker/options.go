@@ -119,6 +119,7 @@ type config struct {
 	maxBatchMsgs     int
 	maxBatchBytes    int
 	ha               haConfig // ha.go
+	conflictGrace    time.Duration
 	// storeHook, set by tests only, adjusts the store's options.
 	storeHook func(*store.Options)
 }
@@ -151,6 +152,7 @@ func defaultConfig() config {
 		maxBatchBytes:    DefaultMaxBatchBytes,
 		sub:              defaultSubsystemConfig(),
 		ha:               defaultHAConfig(),
+		conflictGrace:    defaultConflictGrace,
 		tx: txConfig{
 			checkInterval: DefaultTransactionCheckInterval,
 			timeout:       DefaultTransactionTimeout,

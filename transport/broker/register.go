@@ -247,6 +247,31 @@ const conflictRemark = "[BROKER_CONFLICT]"
 // server refused as contradicting another broker's; Start fails with it.
 var errRegistrationConflict = errors.New("broker: registration conflicts with another broker's")
 
+// defaultConflictGrace is how long Start keeps registering while a name
+// server refuses the registration as a conflict: a master that was killed
+// and restarts at another address may register before the name server saw
+// its old connection close (which evicts the old address).
+const defaultConflictGrace = 5 * time.Second
+
+// registerFirst is Start's first registration: registerOnce, repeated for
+// up to conflictGrace while the name server reports a conflict.
+func (r *registrar) registerFirst(ctx context.Context) error {
+	deadline := time.Now().Add(r.b.cfg.conflictGrace)
+	for {
+		err := r.registerOnce(ctx)
+		if !errors.Is(err, errRegistrationConflict) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
 // run re-registers until ctx ends: every interval, on signal, and after a
 // lost connection (with a capped exponential backoff after failures).
 func (r *registrar) run(ctx context.Context) {

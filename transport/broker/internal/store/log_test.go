@@ -346,3 +346,33 @@ func TestLogEpochs(t *testing.T) {
 		t.Fatalf("log id changed from %q to %q", id, again)
 	}
 }
+
+// TestLogAppendTopicAliasingBuffer: entries whose topic aliases a buffer
+// the caller reuses (a slave's frame buffer) leave the store's queues
+// intact: the store keeps its own copy of the name.
+func TestLogAppendTopicAliasingBuffer(t *testing.T) {
+	master := openTest(t, t.TempDir(), Options{FlushMode: FlushAsync})
+	defer master.Close()
+	mustPut(t, master, msg("first-topic", 0, "a"))
+	mustPut(t, master, msg("other-topic", 0, "b"))
+	slave := openTest(t, t.TempDir(), Options{})
+	defer slave.Close()
+	buf := make([]byte, 64)
+	if _, err := master.ReadLog(0, 1<<20, func(e *LogEntry) bool {
+		n := copy(buf, e.Topic)
+		c := *e
+		c.Topic = unsafeString(buf[:n]) // as protocol.DecodeRecord aliases a frame
+		c.Record, c.rawKeys = bytes.Clone(e.Record), nil
+		if err := slave.AppendLog(context.Background(), []LogEntry{c}); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{"first-topic", "other-topic"} {
+		if n, _ := slave.MaxOffset(topic, 0); n != 1 {
+			t.Fatalf("%s max offset %d after the buffer was reused, want 1", topic, n)
+		}
+	}
+}
