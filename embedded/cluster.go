@@ -329,7 +329,7 @@ func (cl *Cluster) waitRegistered(ctx context.Context) error {
 		ci, err := cl.c.ClusterInfo(ctx)
 		if err == nil {
 			names := make(map[string]string, len(ci.BrokerAddrTable)) // master address → name
-			ids := map[string]int64{}                                   // address → id
+			ids := map[string]int64{}                                 // address → id
 			for name, bd := range ci.BrokerAddrTable {
 				names[bd.MasterAddr()] = name
 				for id, a := range bd.BrokerAddrs {

@@ -178,7 +178,9 @@ func WithHAListenAddr(addr string) Option { return optionFunc(func(c *config) { 
 // WithMasterHAAddr sets the HA address of a slave's master. Default: the
 // one the name servers answer the slave's registration with (the master's
 // registered HA address), as RocketMQ slaves learn it.
-func WithMasterHAAddr(addr string) Option { return optionFunc(func(c *config) { c.ha.masterHA = addr }) }
+func WithMasterHAAddr(addr string) Option {
+	return optionFunc(func(c *config) { c.ha.masterHA = addr })
+}
 
 // WithSlaveTimeout bounds how long a SYNC_MASTER waits for a slave to have
 // a message before it answers FLUSH_SLAVE_TIMEOUT (default 3 s), and

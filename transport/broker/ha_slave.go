@@ -132,7 +132,9 @@ type refusedError struct {
 	by, reason string
 }
 
-func (e *refusedError) Error() string { return "broker: " + e.by + " refused the replication: " + e.reason }
+func (e *refusedError) Error() string {
+	return "broker: " + e.by + " refused the replication: " + e.reason
+}
 
 // run keeps a replication session with the master until ctx ends,
 // reconnecting with a backoff (1 s, doubling to 5 s; Java waits 5 s) and

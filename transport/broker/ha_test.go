@@ -176,7 +176,6 @@ func createTopic(t testing.TB, c *remoting.Conn, topic string, queues int32) {
 	}
 }
 
-
 // stall is a WithHAControl hook that holds the slave (it stops reading
 // from its master) between hold and release.
 type stall struct {
@@ -321,12 +320,12 @@ func TestBrokerHASlaveRefusesWrites(t *testing.T) {
 		req  *protocol.Command
 		code int32
 	}{
-		"send":       {sendReq("ro-t", 0, []byte("x"), ""), protocol.ResServiceNotAvailable},
-		"batch":      {batchReq(t, "ro-t", 2, func(int) (int32, []byte, string) { return 0, []byte("b"), "" }), protocol.ResServiceNotAvailable},
-		"half":       {txSendReq("pg", "ro-t", 0, "h"), protocol.ResServiceNotAvailable},
-		"end":        {endReq("pg", txHalf{phys: 0}, protocol.SysFlagTransactionCommit, false), protocol.ResSlaveNotAvailable},
-		"send-back":  {sendBackReq("cg", 0, 0), protocol.ResServiceNotAvailable},
-		"send v2":    {sendReqV2("ro-t", []byte("x")), protocol.ResServiceNotAvailable},
+		"send":      {sendReq("ro-t", 0, []byte("x"), ""), protocol.ResServiceNotAvailable},
+		"batch":     {batchReq(t, "ro-t", 2, func(int) (int32, []byte, string) { return 0, []byte("b"), "" }), protocol.ResServiceNotAvailable},
+		"half":      {txSendReq("pg", "ro-t", 0, "h"), protocol.ResServiceNotAvailable},
+		"end":       {endReq("pg", txHalf{phys: 0}, protocol.SysFlagTransactionCommit, false), protocol.ResSlaveNotAvailable},
+		"send-back": {sendBackReq("cg", 0, 0), protocol.ResServiceNotAvailable},
+		"send v2":   {sendReqV2("ro-t", []byte("x")), protocol.ResServiceNotAvailable},
 	} {
 		if r := sc.invoke(t, c.req); r.Code != c.code {
 			t.Errorf("%s to the slave: code %d %q, want %d", name, r.Code, r.Remark, c.code)

@@ -64,8 +64,8 @@ type registration struct {
 type registerResult struct {
 	conflict     string // why it contradicts a live broker's registration ("" when it does not)
 	rejected     bool   // first registration with exactly one topic
-	ignored      bool // an address with a newer state version holds this id
-	first        bool // the address was not registered before
+	ignored      bool   // an address with a newer state version holds this id
+	first        bool   // the address was not registered before
 	masterAddr   string
 	haServerAddr string
 }

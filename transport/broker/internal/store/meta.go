@@ -575,11 +575,15 @@ func (s *Store) AllOffsets(fn func(topic, group string, queue int32, off int64) 
 
 // DeleteTopicConfig removes the topic's config alone (a slave copying its
 // master's topic table; the messages go with the master's delete record).
-func (s *Store) DeleteTopicConfig(name string) error { return s.deleteNamed(prefixTopicCfg, "topic", name) }
+func (s *Store) DeleteTopicConfig(name string) error {
+	return s.deleteNamed(prefixTopicCfg, "topic", name)
+}
 
 // DeleteGroupConfig removes the subscription group's config alone,
 // keeping its consumer offsets (a slave copying its master's groups).
-func (s *Store) DeleteGroupConfig(name string) error { return s.deleteNamed(prefixGroupCfg, "group", name) }
+func (s *Store) DeleteGroupConfig(name string) error {
+	return s.deleteNamed(prefixGroupCfg, "group", name)
+}
 
 func (s *Store) deleteNamed(prefix byte, kind, name string) error {
 	if err := checkName(kind, name, MaxNameLen); err != nil {
