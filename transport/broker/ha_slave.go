@@ -137,59 +137,82 @@ func (e *refusedError) Error() string {
 }
 
 // run keeps a replication session with the master until ctx ends,
-// reconnecting with a backoff (1 s, doubling to 5 s; Java waits 5 s) and
+// reconnecting with a backoff (500 ms, doubling to 2 s; Java waits 5 s: a
+// SYNC_MASTER answers SLAVE_NOT_AVAILABLE until its slave is back) and
 // asking the name servers for the master's address again after a failure.
 func (s *haSlave) run(ctx context.Context) {
-	const minBackoff, maxBackoff = time.Second, 5 * time.Second
+	const minBackoff, maxBackoff = 500 * time.Millisecond, 2 * time.Second
 	backoff := minBackoff
+	var asked time.Time // the last registration asked for, to learn the master
+	askNameServers := func() {
+		if time.Since(asked) >= maxBackoff {
+			asked = time.Now()
+			s.b.triggerRegister() // the name servers may name another master by now
+		}
+	}
 	for ctx.Err() == nil {
 		addr := s.masterHAAddr()
-		var err error
 		if addr == "" {
-			err = errors.New("no master HA address yet: waiting for the name servers to name this slave's master")
 			s.mu.Lock()
-			s.mu.lastErr = err.Error()
+			s.mu.lastErr = "no master HA address yet: waiting for the name servers to name this slave's master"
 			s.mu.Unlock()
-			s.b.triggerRegister()
-			select {
-			case <-ctx.Done():
+			askNameServers()
+			if !s.pause(ctx, maxBackoff) {
 				return
-			case <-s.learned:
-			case <-time.After(maxBackoff):
 			}
 			continue
-		} else {
-			var transferred bool
-			transferred, err = s.session(ctx, addr)
-			if transferred {
-				backoff = minBackoff
-			}
 		}
+		transferred, err := s.session(ctx, addr)
 		if ctx.Err() != nil {
 			return
+		}
+		if transferred {
+			backoff = minBackoff
+		}
+		wait := backoff
+		if oe := (*net.OpError)(nil); errors.As(err, &oe) && oe.Op == "dial" {
+			// Nobody listens (the master is down or restarting): dialling
+			// again is cheap, and a SYNC_MASTER that is back answers
+			// SLAVE_NOT_AVAILABLE until its slave is.
+			wait = dialRetry
+		} else {
+			backoff = min(2*backoff, maxBackoff)
 		}
 		s.mu.Lock()
 		s.mu.connected = false
 		s.mu.lastErr = err.Error()
 		s.mu.Unlock()
 		var re *refusedError
-		if errors.As(err, &re) || errors.Is(err, errDiverged) {
+		switch {
+		case errors.As(err, &re) || errors.Is(err, errDiverged):
 			s.log.Error("broker: replication from the master refused", "master_ha", addr, "err", err)
-		} else {
-			s.log.Warn("broker: replication from the master stopped; retrying", "master_ha", addr, "retry_in", backoff, "err", err)
+		case wait == dialRetry:
+			s.log.Debug("broker: master unreachable; retrying", "master_ha", addr, "retry_in", wait, "err", err)
+		default:
+			s.log.Warn("broker: replication from the master stopped; retrying", "master_ha", addr, "retry_in", wait, "err", err)
 		}
-		s.b.triggerRegister() // the name servers may name another master by now
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		askNameServers()
+		if !s.pause(ctx, wait) {
 			return
-		case <-t.C:
-		case <-s.learned: // another master address: try it at once
-			t.Stop()
 		}
-		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// dialRetry is how soon a slave dials its master again after a dial failed.
+const dialRetry = 250 * time.Millisecond
+
+// pause waits d, or less when the name servers name a master; false when
+// ctx ended.
+func (s *haSlave) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-s.learned: // a master address: try it at once
+	}
+	return true
 }
 
 // session runs one HA connection; transferred tells whether it got past

@@ -206,7 +206,7 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 		// consumer read the master's tail before it died): the offset is
 		// kept, and the pull waits for the log to get there (Java's slave
 		// answers OFFSET_MOVED without moving the offset, turned into
-		// RETRY_IMMEDIATELY).
+		// RETRY_IMMEDIATELY, which makes clients spin).
 		b.notFound(p, allowSuspend, statusOverflowBadly, off, minOff, maxOff)
 		return
 	case maxOff == 0:
@@ -260,10 +260,9 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 }
 
 // notFound parks p (long polling) when allowed, else answers
-// PULL_NOT_FOUND. A slave whose master is alive parks nothing: it sends
-// the consumer back to the master (answerPull).
+// PULL_NOT_FOUND.
 func (b *Broker) notFound(p *pullReq, allowSuspend bool, status string, next, minOff, maxOff int64) {
-	if allowSuspend && p.h.SysFlag&protocol.PullFlagSuspend != 0 && !(b.isSlave() && b.slave.masterAlive()) {
+	if allowSuspend && p.h.SysFlag&protocol.PullFlagSuspend != 0 {
 		d := min(time.Duration(p.h.SuspendTimeoutMillis)*time.Millisecond, time.Duration(b.live.maxSuspend.Load()))
 		if d > 0 {
 			switch b.lp.park(p, d) {
@@ -302,8 +301,12 @@ func (b *Broker) answerPull(p *pullReq, code int32, remark string, next, minOff,
 // the group's whichBrokerWhenConsumeSlowly when the pull is far behind,
 // else the group's brokerId; without it the master (0). A slave whose
 // master is alive sends a consumer that is not far behind back to it
-// (suggests 0, and a pull that found nothing is answered
-// PULL_RETRY_IMMEDIATELY rather than held).
+// (suggests 0). Java's slave also answers such a pull that found nothing
+// PULL_RETRY_IMMEDIATELY at once; runnel's holds it as any pull (long
+// polling) and answers PULL_NOT_FOUND: a client whose route lacks the
+// master (it was down when the client last read the route) would
+// otherwise pull from the slave in a busy loop until its next route
+// refresh, up to 30 s.
 func (b *Broker) suggestBroker(p *pullReq, code int32) (int64, int32) {
 	var suggest int64 = protocol.MasterID
 	if b.cfg.ha.slaveRead {
@@ -314,10 +317,6 @@ func (b *Broker) suggestBroker(p *pullReq, code int32) (int64, int32) {
 	}
 	if b.isSlave() && !p.suggestSlave && b.slave.masterAlive() {
 		suggest = protocol.MasterID
-		switch code {
-		case protocol.ResPullNotFound, protocol.ResPullOffsetMoved:
-			code = protocol.ResPullRetryImmediately
-		}
 	}
 	return suggest, code
 }
