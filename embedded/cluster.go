@@ -61,12 +61,21 @@ type Cluster struct {
 	}
 }
 
-// Broker is one broker of a Cluster.
+// Broker is one broker of a Cluster: a master (Cluster.Brokers) or a
+// slave of one (Broker.Slaves).
 type Broker struct {
-	cl   *Cluster
-	name string
-	key  string // BrokerName(i): the broker's key in the hook table
-	b    *broker.Broker
+	cl     *Cluster
+	name   string
+	key    string // BrokerName(i) (slaves: plus "-s" and the id): the broker's key in the hook table
+	id     int64  // 0 for a master
+	opts   []broker.Option
+	slaves []*Broker
+
+	mu struct {
+		sync.Mutex
+		b       *broker.Broker
+		stopped bool // by Close or Shutdown
+	}
 }
 
 // Start starts a name server and the brokers opts ask for (one by default)
@@ -140,6 +149,10 @@ func (c *config) validate() error {
 		return bad("TLS mode %s without a configuration", c.tlsMode)
 	case c.tlsMode == acl.TLSEnforcing && len(c.tlsConfig.Certificates) == 0:
 		return bad("enforcing TLS with a configuration holding no certificate")
+	case c.slaves < 0 || c.slaves > 16:
+		return bad("%d slaves per broker outside [0, 16]", c.slaves)
+	case c.slaves > 0 && c.masterRole == broker.RoleSlave:
+		return bad("WithSlaves: the masters' role must be a master's")
 	}
 	for _, t := range c.topics {
 		if t.queues < 1 || t.queues > broker.MaxQueueNums {
@@ -181,13 +194,33 @@ func (cl *Cluster) startNameServer(ctx context.Context) error {
 func (cl *Cluster) startBroker(ctx context.Context, i int) error {
 	cfg := &cl.cfg
 	name := BrokerName(i)
+	m := &Broker{cl: cl, name: name, key: name, opts: cl.brokerOptions(name, name, 0)}
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	cl.brokers = append(cl.brokers, m)
+	for id := int64(1); id <= int64(cfg.slaves); id++ {
+		key := name + "-s" + strconv.FormatInt(id, 10)
+		s := &Broker{cl: cl, name: name, key: key, id: id, opts: cl.brokerOptions(name, key, id)}
+		if err := s.Start(ctx); err != nil {
+			return err
+		}
+		m.slaves = append(m.slaves, s)
+	}
+	return nil
+}
+
+// brokerOptions returns the options of broker id of name (its data in
+// dir/key).
+func (cl *Cluster) brokerOptions(name, key string, id int64) []broker.Option {
+	cfg := &cl.cfg
 	log := cfg.log.With("component", "broker")
-	if cfg.brokers > 1 {
-		log = log.With("broker", name)
+	if cfg.brokers > 1 || cfg.slaves > 0 {
+		log = log.With("broker", key)
 	}
 	opts := []broker.Option{
 		broker.WithListenAddr(DefaultListenAddr),
-		broker.WithDataDir(filepath.Join(cl.dir, name)),
+		broker.WithDataDir(filepath.Join(cl.dir, key)),
 		broker.WithBrokerName(name),
 		broker.WithClusterName(cfg.cluster),
 		broker.WithNameServers(cl.nsAddrs...),
@@ -195,7 +228,13 @@ func (cl *Cluster) startBroker(ctx context.Context, i int) error {
 		broker.WithLogger(log),
 		broker.WithACL(cfg.policy),
 		broker.WithTLS(cfg.tlsMode, cfg.tlsConfig),
-		broker.WithRemotingOptions(remoting.WithInterceptor(cl.hooks.interceptor(name))),
+		broker.WithRemotingOptions(remoting.WithInterceptor(cl.hooks.interceptor(key))),
+	}
+	switch {
+	case id > 0:
+		opts = append(opts, broker.WithRole(broker.RoleSlave), broker.WithBrokerID(id))
+	case cfg.slaves > 0:
+		opts = append(opts, broker.WithRole(cfg.masterRole))
 	}
 	if cfg.admin.AccessKey != "" {
 		opts = append(opts, broker.WithNameServerCredentials(cfg.admin))
@@ -203,16 +242,54 @@ func (cl *Cluster) startBroker(ctx context.Context, i int) error {
 	if cl.nsTLS != nil {
 		opts = append(opts, broker.WithNameServerTLS(cl.nsTLS))
 	}
-	b, err := broker.New(append(opts, cfg.brokerOpts...)...)
+	return append(opts, cfg.brokerOpts...)
+}
+
+// Start starts the broker again after its Close or Shutdown, on its data
+// directory (and, with its listen port 0, on another free port; the name
+// server tells clients). ctx bounds the start. Starting a broker that was
+// not stopped with Close or Shutdown fails.
+func (b *Broker) Start(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mu.b != nil && !b.mu.stopped {
+		return fmt.Errorf("embedded: broker %s is running", b.key)
+	}
+	nb, err := broker.New(b.opts...)
 	if err != nil {
 		return err
 	}
-	if err := b.Start(ctx); err != nil {
-		return errors.Join(fmt.Errorf("embedded: broker %s: %w", name, err), b.Close())
+	if err := nb.Start(ctx); err != nil {
+		return errors.Join(fmt.Errorf("embedded: broker %s: %w", b.key, err), nb.Close())
 	}
-	cl.brokers = append(cl.brokers, &Broker{cl: cl, name: name, key: name, b: b})
+	b.mu.b, b.mu.stopped = nb, false
 	return nil
 }
+
+// Close stops the broker at once (broker.Broker.Close: as a crash of its
+// process, its store closed); Start starts it again. Idempotent.
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mu.stopped = true
+	return b.mu.b.Close()
+}
+
+// Shutdown stops the broker gracefully (broker.Broker.Shutdown); Start
+// starts it again.
+func (b *Broker) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mu.stopped = true
+	return b.mu.b.Shutdown(ctx)
+}
+
+// ID returns the broker's id: 0 for a master, 1… for its slaves.
+func (b *Broker) ID() int64 { return b.id }
+
+// Slaves returns a master's slaves (none for a slave, or without
+// WithSlaves).
+func (b *Broker) Slaves() []*Broker { return append([]*Broker(nil), b.slaves...) }
 
 // pinnedTLS is a client configuration that accepts exactly the certificate
 // of the server configuration srv (a client of this process's own name
@@ -240,28 +317,50 @@ func pinnedTLS(srv *tls.Config) *tls.Config {
 }
 
 // waitRegistered polls the name server until it lists every broker's
-// advertised address as a master, and takes the broker names from its
-// listing (a WithBrokerOptions broker.WithBrokerName may have renamed
-// them). A broker registers its whole topic table at once, so from then
-// on every topic it had at start is routable.
+// advertised address as a master (and each slave's under its id), and
+// takes the broker names from its listing (a WithBrokerOptions
+// broker.WithBrokerName may have renamed them); with slaves it waits too
+// until a slave of each master is connected to it. A broker registers its
+// whole topic table at once, so from then on every topic it had at start
+// is routable.
 func (cl *Cluster) waitRegistered(ctx context.Context) error {
 	var last error
 	for {
 		ci, err := cl.c.ClusterInfo(ctx)
 		if err == nil {
 			names := make(map[string]string, len(ci.BrokerAddrTable)) // master address → name
+			ids := map[string]int64{}                                 // address → id
 			for name, bd := range ci.BrokerAddrTable {
 				names[bd.MasterAddr()] = name
+				for id, a := range bd.BrokerAddrs {
+					ids[a] = id
+				}
 			}
 			for _, b := range cl.brokers {
-				if _, ok := names[b.b.AdvertisedAddr()]; !ok {
-					err = fmt.Errorf("the name server does not list broker %s at %s yet", b.name, b.b.AdvertisedAddr())
+				addr := b.Server().AdvertisedAddr()
+				if _, ok := names[addr]; !ok {
+					err = fmt.Errorf("the name server does not list broker %s at %s yet", b.name, addr)
+					break
+				}
+				for _, s := range b.slaves {
+					if id, ok := ids[s.Server().AdvertisedAddr()]; !ok || id != s.id {
+						err = fmt.Errorf("the name server does not list slave %s yet", s.key)
+						break
+					}
+				}
+				if len(b.slaves) > 0 && len(b.Server().HAStatus().Slaves) == 0 {
+					err = fmt.Errorf("no slave of %s is connected to it yet", b.name)
+				}
+				if err != nil {
 					break
 				}
 			}
 			if err == nil {
 				for _, b := range cl.brokers {
-					b.name = names[b.b.AdvertisedAddr()]
+					b.name = names[b.Server().AdvertisedAddr()]
+					for _, s := range b.slaves {
+						s.name = b.name
+					}
 				}
 				return nil
 			}
@@ -336,7 +435,7 @@ func (cl *Cluster) Broker(i int) *Broker { return cl.brokers[i] }
 
 // BrokerAddr returns the address broker 0 listens on (the cluster must
 // have a broker).
-func (cl *Cluster) BrokerAddr() string { return cl.brokers[0].b.Addr() }
+func (cl *Cluster) BrokerAddr() string { return cl.brokers[0].Server().Addr() }
 
 // DataDir returns the directory holding the cluster's data: WithDataDir's,
 // or the temporary one Start made ("" for a name server alone without
@@ -349,10 +448,15 @@ func (cl *Cluster) DataDir() string { return cl.dir }
 func (b *Broker) Name() string { return b.name }
 
 // Addr returns the address ("ip:port") the broker listens on.
-func (b *Broker) Addr() string { return b.b.Addr() }
+func (b *Broker) Addr() string { return b.Server().Addr() }
 
-// Server returns the running broker (its statistics, Shutdown, …).
-func (b *Broker) Server() *broker.Broker { return b.b }
+// Server returns the running broker (its statistics, Shutdown, …): after
+// Start, the new one.
+func (b *Broker) Server() *broker.Broker {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mu.b
+}
 
 // Control registers fn for the next request with the given code (or
 // AnyCode) that reaches any broker of the cluster: fn runs once, for that
@@ -391,7 +495,7 @@ func (cl *Cluster) CreateTopic(ctx context.Context, topic string, queues int) er
 	}
 	tc := client.TopicConfig{TopicName: topic, ReadQueueNums: int32(queues), WriteQueueNums: int32(queues)}
 	for _, b := range cl.brokers {
-		if err := cl.c.CreateTopic(ctx, b.b.AdvertisedAddr(), tc); err != nil {
+		if err := cl.c.CreateTopic(ctx, b.Server().AdvertisedAddr(), tc); err != nil {
 			return fmt.Errorf("embedded: %w", err)
 		}
 	}
@@ -499,11 +603,12 @@ func (cl *Cluster) halt(ctx context.Context) error {
 		err = cl.c.Close()
 	}
 	for i := len(cl.brokers) - 1; i >= 0; i-- {
-		b := cl.brokers[i].b
-		if ctx != nil {
-			err = errors.Join(err, b.Shutdown(ctx))
-		} else {
-			err = errors.Join(err, b.Close())
+		for _, b := range append(cl.brokers[i].Slaves(), cl.brokers[i]) {
+			if ctx != nil {
+				err = errors.Join(err, b.Shutdown(ctx))
+			} else {
+				err = errors.Join(err, b.Close())
+			}
 		}
 	}
 	if cl.ns != nil {

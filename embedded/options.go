@@ -49,6 +49,8 @@ type config struct {
 	brokerOpts []broker.Option
 	nsOpts     []namesrv.Option
 	topics     []topicSpec
+	slaves     int
+	masterRole broker.Role
 }
 
 func defaultConfig() config {
@@ -140,4 +142,15 @@ func WithNameServerOptions(opts ...namesrv.Option) Option {
 // during Start, which returns once it is routable (see CreateTopic).
 func WithTopic(topic string, queues int) Option {
 	return optionFunc(func(c *config) { c.topics = append(c.topics, topicSpec{topic, queues}) })
+}
+
+// WithSlaves gives every broker n slaves (broker ids 1…n, the broker's name
+// and cluster, each with its own data directory BrokerName(i)+"-s1", …)
+// that replicate it (package broker, "High availability"); the masters
+// take role, broker.RoleSyncMaster or broker.RoleAsyncMaster. The slaves
+// learn their master from the name server. Start returns once the name
+// server lists every master and slave, and a slave of each master is
+// connected to it. Broker.Slaves returns them; Cluster.Brokers the masters.
+func WithSlaves(n int, role broker.Role) Option {
+	return optionFunc(func(c *config) { c.slaves, c.masterRole = n, role })
 }

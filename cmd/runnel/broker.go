@@ -61,6 +61,12 @@ type brokerFlags struct {
 	maxBatchBytes int
 	maxSuspend    time.Duration
 	maxParked     int
+	role          string
+	brokerID      int64
+	haListen      string
+	masterHA      string
+	slaveTimeout  time.Duration
+	slaveRead     bool
 }
 
 func newBrokerCmd() *cobra.Command {
@@ -109,7 +115,18 @@ freed; a failed disk write or fsync stops the broker's writes until it is
 restarted. --max-batch-messages and --max-batch-bytes bound one batch send.
 --max-suspend caps how long a pull waiting for messages is held (long
 polling) and --max-parked-pulls how many are held at once; a pull beyond that
-is answered SYSTEM_BUSY at once, and the client backs off.`,
+is answered SYSTEM_BUSY at once, and the client backs off.
+
+High availability. --role sync-master or async-master makes the broker a
+master that slaves replicate (it listens for them on --ha-listen, by default
+the broker port + 1); a SYNC_MASTER answers a send once a slave has it
+(SEND_OK), or, after --slave-timeout or with no slave in sync, with
+FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (the message is stored either
+way). --role slave with --broker-id N (above 0), the master's --broker-name
+and --cluster, and its own --data makes a slave: it copies its master's log
+and metadata, serves pulls and queries, and refuses sends. It finds its
+master through the name servers (--namesrv), or at --master-ha. ` + "`runnel broker status`" + ` shows
+every broker's replication.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBroker(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -150,6 +167,13 @@ is answered SYSTEM_BUSY at once, and the client backs off.`,
 	fl.IntVar(&f.maxBatchBytes, "max-batch-bytes", broker.DefaultMaxBatchBytes, "largest body of one batch send, in bytes")
 	fl.DurationVar(&f.maxSuspend, "max-suspend", broker.DefaultMaxSuspend, "longest a pull waiting for messages is held, below the clients' 30s timeout (0 = answer at once)")
 	fl.IntVar(&f.maxParked, "max-parked-pulls", broker.DefaultMaxParkedPulls, "most pulls held waiting for messages at once; one beyond is answered SYSTEM_BUSY (0 = hold none: answer at once)")
+	fl.StringVar(&f.role, "role", "", "replication role: async-master, sync-master or slave (default async-master, not listening for slaves)")
+	fl.Int64Var(&f.brokerID, "broker-id", 0, "broker id of a slave (above 0; a master's is 0)")
+	fl.StringVar(&f.haListen, "ha-listen", "", "address a master listens on for its slaves (default: the broker host, port + 1; port 0 picks one)")
+	fl.StringVar(&f.masterHA, "master-ha", "", "HA address of a slave's master (default: the one the name servers give)")
+	fl.DurationVar(&f.slaveTimeout, "slave-timeout", broker.DefaultSlaveTimeout, "how long a sync-master waits for a slave before it answers FLUSH_SLAVE_TIMEOUT")
+	fl.BoolVar(&f.slaveRead, "slave-read", true, "RocketMQ's slaveReadEnable: masters send far-behind consumers to a slave, and slaves serve pulls")
+	cmd.AddCommand(newBrokerStatusCmd())
 	return cmd
 }
 
@@ -194,7 +218,39 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 	case !(f.diskHighWater > 0 && f.diskHighWater <= 1):
 		return 0, 0, fmt.Errorf("--disk-high-watermark %v: must be in (0, 1]", f.diskHighWater)
 	}
+	if err := f.validateHA(); err != nil {
+		return 0, 0, err
+	}
 	return mode, lvl, nil
+}
+
+// validateHA checks the replication flags.
+func (f *brokerFlags) validateHA() error {
+	if f.role == "" {
+		if f.brokerID != 0 || f.masterHA != "" {
+			return errors.New("--broker-id and --master-ha are for a slave: add --role slave")
+		}
+		return nil
+	}
+	r, err := broker.ParseRole(f.role)
+	if err != nil {
+		return fmt.Errorf("--role %q: want async-master, sync-master or slave", f.role)
+	}
+	switch {
+	case f.noBroker:
+		return errors.New("--role configures the broker: not with --no-broker")
+	case r == broker.RoleSlave && f.brokerID <= 0:
+		return fmt.Errorf("--role slave needs --broker-id above 0 (each slave of a master its own), not %d", f.brokerID)
+	case r == broker.RoleSlave && f.haListen != "":
+		return errors.New("--ha-listen is for a master; a slave dials its master (--master-ha or the name servers)")
+	case r != broker.RoleSlave && (f.brokerID != 0 || f.masterHA != ""):
+		return errors.New("--broker-id and --master-ha are for --role slave; a master's id is 0")
+	case r == broker.RoleSlave && f.masterHA == "" && strings.TrimSpace(f.namesrv) == "":
+		return errors.New("a slave needs its master's name servers (--namesrv, with --no-namesrv) or --master-ha: the embedded name server knows no master")
+	case f.slaveTimeout <= 0:
+		return fmt.Errorf("--slave-timeout %v: must be positive", f.slaveTimeout)
+	}
+	return nil
 }
 
 // connBurst is the burst of --max-conn-rate r: 25 ms worth, at least 1
@@ -451,6 +507,15 @@ func runBroker(ctx context.Context, stdout, stderr io.Writer, f brokerFlags) (er
 	}
 	if b != nil {
 		line += " broker=" + b.AdvertisedAddr() + " flush=" + f.flush
+		if hs := b.HAStatus(); f.role != "" {
+			line += " role=" + hs.Role.String()
+			if hs.HAAddr != "" {
+				line += " ha=" + hs.HAAddr
+			}
+			if hs.Role == broker.RoleSlave {
+				line += " id=" + fmt.Sprint(hs.BrokerID)
+			}
+		}
 	}
 	line += " tls=" + sec.mode.String()
 	if policy != nil {
@@ -516,6 +581,24 @@ func (f *brokerFlags) brokerOptions(sec *secured) ([]embedded.Option, error) {
 	if f.advertise != "" {
 		bopts = append(bopts, broker.WithAdvertisedAddr(f.advertise))
 	}
+	if f.role != "" {
+		r, err := broker.ParseRole(f.role)
+		if err != nil {
+			return nil, err
+		}
+		bopts = append(bopts, broker.WithRole(r))
+		if r == broker.RoleSlave {
+			bopts = append(bopts, broker.WithBrokerID(f.brokerID))
+		}
+	}
+	if f.haListen != "" {
+		bopts = append(bopts, broker.WithHAListenAddr(f.haListen))
+	}
+	if f.masterHA != "" {
+		bopts = append(bopts, broker.WithMasterHAAddr(f.masterHA))
+	}
+	bopts = append(bopts, broker.WithSlaveTimeout(f.slaveTimeout, broker.DefaultHAMaxGap),
+		broker.WithSlaveRead(f.slaveRead, broker.DefaultSlaveReadLag))
 	return []embedded.Option{embedded.WithDataDir(dir), embedded.WithBrokerOptions(bopts...)}, nil
 }
 

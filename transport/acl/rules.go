@@ -114,6 +114,7 @@ func ruleFor(code int32) (r rule, ok bool) {
 		protocol.ReqQueryTopicConsumeByWho, protocol.ReqGetConsumerRunningInfo, protocol.ReqConsumeMessageDirectly,
 		protocol.ReqInvokeBrokerToResetOffset, protocol.ReqInvokeBrokerToGetConsumerStatus,
 		protocol.ReqQueryBrokerOffset, protocol.ReqGetAllConsumerOffset, protocol.ReqGetAllDelayOffset,
+		protocol.ReqGetBrokerHAStatus,
 		protocol.ReqViewMessageByID, protocol.ReqResumeCheckHalfMessage,
 		reqUpdateBrokerConfig, reqGetBrokerConfig, reqGetBrokerRuntimeInfo,
 		reqCleanExpiredConsumeQ, reqGetAllProducerInfo, reqDeleteExpiredCommitLog:

@@ -83,6 +83,7 @@ var aclCodeClasses = map[int32]string{
 	25: "admin", 26: "admin", // UPDATE_BROKER_CONFIG, GET_BROKER_CONFIG
 	33: "admin",                             // VIEW_MESSAGE_BY_ID (any topic's message by offset)
 	28: "admin", 300: "admin", 222: "admin", // GET_BROKER_RUNTIME_INFO, QUERY_TOPIC_CONSUME_BY_WHO, INVOKE_BROKER_TO_RESET_OFFSET
+	43: "admin", 45: "admin", 907: "admin", // GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET (a slave's copy), GET_BROKER_HA_STATUS
 }
 
 // aclClassOf returns the class of code (unknown codes: never).

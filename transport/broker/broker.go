@@ -175,6 +175,9 @@ type Broker struct {
 	uniq      *protocol.UniqIDGenerator
 	regs      []*registrar
 	startedAt time.Time
+	epoch     store.Epoch // a master's current epoch
+	master    *haMaster   // a master's HA listener (nil when it has none)
+	slave     *haSlave    // a slave's replication (nil on a master)
 
 	state atomic.Int32
 
@@ -287,7 +290,7 @@ func (b *Broker) start(ctx context.Context) error {
 		FlushMode:         mode,
 		Logger:            b.log,
 		Clock:             b.cfg.clock,
-		Notify:            b.lp.notify,
+		Notify:            b.notifyLog,
 		MaxRecordBytes:    b.cfg.maxMessageSize + protocol.MaxPropertiesLength + 2*protocol.MaxTopicLength + 1024,
 		DiskHighWatermark: b.cfg.diskHighWater,
 	}
@@ -308,6 +311,9 @@ func (b *Broker) start(ctx context.Context) error {
 	if err := b.createSystemTopics(); err != nil {
 		return err
 	}
+	if err := b.startMasterLog(); err != nil {
+		return err
+	}
 	lc := b.srv.ListenConfig()
 	l, err := lc.Listen(ctx, "tcp", b.cfg.listenAddr)
 	if err != nil {
@@ -323,6 +329,9 @@ func (b *Broker) start(ctx context.Context) error {
 	for _, ns := range b.cfg.nameServers {
 		b.regs = append(b.regs, newRegistrar(b, ns))
 	}
+	if err := b.startHA(ctx); err != nil {
+		return errors.Join(err, l.Close())
+	}
 	// Everything processors read is set: serve.
 	b.goOwned("serve", func(context.Context) {
 		if err := b.srv.Serve(l); !errors.Is(err, remoting.ErrServerClosed) {
@@ -330,14 +339,19 @@ func (b *Broker) start(ctx context.Context) error {
 		}
 	})
 	b.goOwned("longpoll", b.lp.run)
-	b.goOwned("txcheck", b.tx.run)
+	if !b.isSlave() {
+		b.goOwned("txcheck", b.tx.run) // a slave checks nothing back: its master does
+	}
 	for i, f := range b.ext.start {
 		b.goOwned("ext-"+strconv.Itoa(i), f)
 	}
 	// The first registration is attempted synchronously so that routes
 	// exist when Start returns (when the name servers are up).
 	for _, r := range b.regs {
-		if err := r.registerOnce(ctx); err != nil {
+		if err := r.registerFirst(ctx); err != nil {
+			if errors.Is(err, errRegistrationConflict) {
+				return err
+			}
 			r.retrySoon = true
 			r.closeConn()
 			b.log.Warn("broker: first registration failed; retrying in the background", "namesrv", r.addr, "err", err)
@@ -347,7 +361,7 @@ func (b *Broker) start(ctx context.Context) error {
 		b.goRegistrar(r)
 	}
 	b.log.Info("broker: started", "addr", b.addr, "advertised", b.hostStr, "name", b.cfg.brokerName,
-		"cluster", b.cfg.clusterName, "flush", b.cfg.flushMode, "namesrv", b.cfg.nameServers)
+		"cluster", b.cfg.clusterName, "flush", b.cfg.flushMode, "role", b.haDescribe(), "namesrv", b.cfg.nameServers)
 	return nil
 }
 
@@ -448,6 +462,9 @@ func (b *Broker) stop(ctx context.Context, graceful bool) error {
 	prev := b.state.Swap(stateStopping)
 	var err error
 	if prev == stateRunning {
+		if m := b.master; m != nil {
+			m.waiters.close() // sends held for the slaves are answered now
+		}
 		if graceful {
 			b.lp.close(true)
 			b.stopRegistrars()

@@ -118,6 +118,8 @@ type config struct {
 	diskHighWater    float64
 	maxBatchMsgs     int
 	maxBatchBytes    int
+	ha               haConfig // ha.go
+	conflictGrace    time.Duration
 	// storeHook, set by tests only, adjusts the store's options.
 	storeHook func(*store.Options)
 }
@@ -149,6 +151,8 @@ func defaultConfig() config {
 		maxBatchMsgs:     DefaultMaxBatchMessages,
 		maxBatchBytes:    DefaultMaxBatchBytes,
 		sub:              defaultSubsystemConfig(),
+		ha:               defaultHAConfig(),
+		conflictGrace:    defaultConflictGrace,
 		tx: txConfig{
 			checkInterval: DefaultTransactionCheckInterval,
 			timeout:       DefaultTransactionTimeout,
@@ -209,6 +213,9 @@ func (c *config) validate() error {
 		return bad("negative transaction timeout %v", c.tx.timeout)
 	case c.tx.checkMax < 1:
 		return bad("transaction check max %d below 1", c.tx.checkMax)
+	}
+	if err := c.ha.validate(); err != nil {
+		return err
 	}
 	for i, d := range c.sub.delayLevels {
 		if d <= 0 {

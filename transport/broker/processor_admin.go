@@ -58,6 +58,10 @@ func (b *Broker) registerProcessors() {
 	// (CVE-2023-33246): only an allow-list of harmless keys (processor_config.go).
 	h(b.processUpdateBrokerConfig, reqUpdateBrokerConfig)
 	h(b.processGetBrokerConfig, reqGetBrokerConfig)
+	// Replication (ha.go, ha_sync.go).
+	h(b.processHAStatus, protocol.ReqGetBrokerHAStatus)
+	h(b.processGetAllConsumerOffset, protocol.ReqGetAllConsumerOffset)
+	h(b.processGetAllDelayOffset, protocol.ReqGetAllDelayOffset)
 }
 
 // processCreateTopic serves UPDATE_AND_CREATE_TOPIC (17): create or

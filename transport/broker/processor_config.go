@@ -169,8 +169,9 @@ func (b *Broker) processGetBrokerConfig(_ context.Context, rc *remoting.RequestC
 	kv := [][2]string{
 		{"brokerClusterName", b.cfg.clusterName},
 		{"brokerName", b.cfg.brokerName},
-		{"brokerId", "0"},
-		{"brokerRole", "ASYNC_MASTER"},
+		{"brokerId", strconv.FormatInt(b.cfg.ha.brokerID, 10)},
+		{"brokerRole", b.cfg.ha.role.String()},
+		{"slaveReadEnable", strconv.FormatBool(b.cfg.ha.slaveRead)},
 		{"flushDiskType", flush},
 		{"autoCreateTopicEnable", strconv.FormatBool(b.cfg.autoCreateTopics)},
 		{"autoCreateSubscriptionGroup", strconv.FormatBool(b.cfg.autoCreateGroups)},

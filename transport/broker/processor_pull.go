@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/binary"
 	"slices"
 	"time"
 
@@ -67,6 +68,12 @@ type pullReq struct {
 	maxMsgs  int
 	maxBytes int
 
+	// The group's brokerId and whichBrokerWhenConsumeSlowly, for
+	// suggestWhichBrokerId; suggestSlave is set when the messages found
+	// end far behind the log end (Java isSuggestPullingFromSlave).
+	groupBroker, slowBroker int64
+	suggestSlave            bool
+
 	key      queueKey
 	deadline time.Time
 	index    int // position in the deadline heap, -1 when not in it
@@ -95,12 +102,18 @@ func (b *Broker) processPull(_ context.Context, rc *remoting.RequestCtx) (*proto
 	if err := p.h.Decode(req); err != nil {
 		return respond(req, protocol.ResInvalidParameter, err.Error()), nil
 	}
+	if b.isSlave() && !b.cfg.ha.slaveRead {
+		// A Java 5 slave without slaveReadEnable rejects pulls so.
+		return respond(req, protocol.ResSystemBusy, "[REJECTREQUEST]system busy, start flow control for a while"), nil
+	}
 	if resp := b.checkPull(p); resp != nil {
 		return resp, nil
 	}
 	b.stats.pulls.Add(1) // stats.go
 	h := &p.h
-	if h.SysFlag&protocol.PullFlagCommitOffset != 0 && h.CommitOffset >= 0 {
+	// A slave keeps no offset a pull carries (Java: storeOffsetEnable needs
+	// a master); an UPDATE_CONSUMER_OFFSET it does keep.
+	if h.SysFlag&protocol.PullFlagCommitOffset != 0 && h.CommitOffset >= 0 && !b.isSlave() {
 		if err := b.store.CommitOffset(h.ConsumerGroup, h.Topic, h.QueueID, h.CommitOffset); err != nil {
 			b.log.Warn("broker: commit offset piggybacked on a pull failed", "group", h.ConsumerGroup,
 				"topic", h.Topic, "queue", h.QueueID, "err", err)
@@ -120,6 +133,7 @@ func (b *Broker) checkPull(p *pullReq) *protocol.Command {
 	if !gc.ConsumeEnable {
 		return respond(req, protocol.ResNoPermission, "subscription group no permission, "+h.ConsumerGroup)
 	}
+	p.groupBroker, p.slowBroker = gc.BrokerID, gc.WhichBrokerWhenConsumeSlowly
 	tc, ok := b.topics.get(h.Topic)
 	if !ok {
 		return respond(req, protocol.ResTopicNotExist, "topic["+h.Topic+"] not exist, apply first please!")
@@ -187,6 +201,14 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 	}
 	off := h.QueueOffset
 	switch {
+	case b.isSlave() && off > maxOff:
+		// Not replicated yet (the slave is behind its master, or the
+		// consumer read the master's tail before it died): the offset is
+		// kept, and the pull waits for the log to get there (Java's slave
+		// answers OFFSET_MOVED without moving the offset, turned into
+		// RETRY_IMMEDIATELY, which makes clients spin).
+		b.notFound(p, allowSuspend, statusOverflowBadly, off, minOff, maxOff)
+		return
 	case maxOff == 0:
 		if off != 0 {
 			b.answerPull(p, protocol.ResPullOffsetMoved, statusNoMessage, 0, minOff, maxOff, nil)
@@ -223,6 +245,12 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 		b.answerPull(p, protocol.ResSystemError, "read failed: "+err.Error(), off, minOff, maxOff, nil)
 	case taken > 0:
 		b.stats.pulledMsgs.Add(int64(taken)) // stats.go
+		// How far the last message found is behind the log end (Java:
+		// maxOffsetPy - maxPhyOffsetPulling > the memory it caches).
+		if b.cfg.ha.slaveRead {
+			last := lastRecordEnd(body)
+			p.suggestSlave = last >= 0 && b.store.LogEnd()-last > b.cfg.ha.slaveReadLag
+		}
 		b.answerPull(p, protocol.ResSuccess, statusFound, next, minOff, maxOff, body)
 	case next > off:
 		b.answerPull(p, protocol.ResPullRetryImmediately, statusNoMatched, next, minOff, maxOff, nil)
@@ -251,11 +279,13 @@ func (b *Broker) notFound(p *pullReq, allowSuspend bool, status string, next, mi
 }
 
 // answerPull sends the pull response; the body is copied into the frame
-// before answerPull returns.
+// before answerPull returns. It sets suggestWhichBrokerId by RocketMQ's
+// rule (suggestBroker).
 func (b *Broker) answerPull(p *pullReq, code int32, remark string, next, minOff, maxOff int64, body []byte) {
+	suggest, code := b.suggestBroker(p, code)
 	resp := protocol.NewResponse(p.rc.Request(), code, remark)
 	rh := protocol.PullMessageResponseHeader{
-		SuggestWhichBrokerID: 0,
+		SuggestWhichBrokerID: suggest,
 		NextBeginOffset:      next,
 		MinOffset:            minOff,
 		MaxOffset:            maxOff,
@@ -264,4 +294,47 @@ func (b *Broker) answerPull(p *pullReq, code int32, remark string, next, minOff,
 	resp.Body = body
 	// An error means the connection is gone; there is nobody to tell.
 	_ = p.rc.Respond(resp)
+}
+
+// suggestBroker returns suggestWhichBrokerId and the response code of a
+// pull answered with code (Java PullMessageProcessor): with slaveReadEnable
+// the group's whichBrokerWhenConsumeSlowly when the pull is far behind,
+// else the group's brokerId; without it the master (0). A slave whose
+// master is alive sends a consumer that is not far behind back to it
+// (suggests 0). Java's slave also answers such a pull that found nothing
+// PULL_RETRY_IMMEDIATELY at once; runnel's holds it as any pull (long
+// polling) and answers PULL_NOT_FOUND: a client whose route lacks the
+// master (it was down when the client last read the route) would
+// otherwise pull from the slave in a busy loop until its next route
+// refresh, up to 30 s.
+func (b *Broker) suggestBroker(p *pullReq, code int32) (int64, int32) {
+	var suggest int64 = protocol.MasterID
+	if b.cfg.ha.slaveRead {
+		suggest = p.groupBroker
+		if p.suggestSlave {
+			suggest = p.slowBroker
+		}
+	}
+	if b.isSlave() && !p.suggestSlave && b.slave.masterAlive() {
+		suggest = protocol.MasterID
+	}
+	return suggest, code
+}
+
+// lastRecordEnd returns the log end after the last record of a pull body
+// (its PHYSICALOFFSET plus TOTALSIZE), -1 when it holds none.
+func lastRecordEnd(body []byte) int64 {
+	last := -1
+	for off := 0; off+protocol.RecordPhysicalOffsetPos+8 <= len(body); {
+		n := int(binary.BigEndian.Uint32(body[off:]))
+		if n <= 0 || off+n > len(body) {
+			break
+		}
+		last = off
+		off += n
+	}
+	if last < 0 {
+		return -1
+	}
+	return int64(binary.BigEndian.Uint64(body[last+protocol.RecordPhysicalOffsetPos:])) + int64(binary.BigEndian.Uint32(body[last:]))
 }

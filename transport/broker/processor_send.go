@@ -14,6 +14,12 @@ import (
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
 
+// slaveRefusesWrites is the remark of a slave's refusal of a send (Java's
+// remark for a store that refuses the put: a slave's among the reasons).
+const slaveRefusesWrites = "service not available now. It may be caused by one of the following reasons: " +
+	"the broker's disk is full, messages are put to the slave, message store has been shut down, etc. " +
+	"(this broker is a slave: send to its master)"
+
 // Values a Java broker adds to every send response.
 const (
 	defaultRegion = "DefaultRegion"
@@ -92,6 +98,9 @@ func (b *Broker) serveSend(ctx context.Context, rc *remoting.RequestCtx, inline 
 	}
 	if !b.running() {
 		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
+	}
+	if b.isSlave() {
+		return respond(req, protocol.ResServiceNotAvailable, slaveRefusesWrites), nil
 	}
 	b.stats.sent(len(req.Body)) // stats.go
 	batch := h.Batch.Or(false)
@@ -486,6 +495,12 @@ func (p *pendingSend) finish(err error) {
 		rh.Encode(resp)
 		var idBuf [protocol.OffsetMsgIDLenV6]byte
 		resp.SetExtBytes("msgId", protocol.AppendOffsetMsgID(idBuf[:0], b.host, r.PhysicalOffset))
+		if b.syncMasterWait(p.m.Properties) {
+			end := r.PhysicalOffset + int64(len(p.msgs[0].Record))
+			p.release()
+			b.awaitReplica(end, rc, resp, false) // answers once a slave has it
+			return
+		}
 	}
 	p.release()
 	_ = rc.Respond(resp) // a failure closed the connection, which reports it
@@ -505,9 +520,13 @@ func (b *Broker) sendBatch(ctx context.Context, req *protocol.Command, tmpl *Inb
 	if isTransactional(tmpl.SysFlag, tmpl.Properties) {
 		return respond(req, protocol.ResMessageIllegal, "batch messages cannot be transactional"), nil
 	}
-	res, err := b.storeBatch(ctx, tmpl, items)
+	res, end, err := b.storeBatch(ctx, tmpl, items)
 	if err != nil {
 		return errorResponse(req, err), nil
+	}
+	code := protocol.ResSuccess
+	if b.syncMasterWait(tmpl.Properties) {
+		code = b.awaitReplicaBlocking(ctx, end)
 	}
 	b.stats.puts.Add(int64(len(res)))
 	var sb strings.Builder
@@ -519,7 +538,7 @@ func (b *Broker) sendBatch(ctx context.Context, req *protocol.Command, tmpl *Inb
 		}
 		sb.Write(protocol.AppendOffsetMsgID(idBuf[:0], b.host, r.PhysicalOffset))
 	}
-	resp := protocol.NewResponse(req, protocol.ResSuccess, "")
+	resp := protocol.NewResponse(req, code, "")
 	rh := protocol.SendMessageResponseHeader{
 		MsgID:       sb.String(),
 		QueueID:     tmpl.QueueID,

@@ -167,8 +167,9 @@ type batchItem struct {
 
 // storeBatch encodes every item of a batch into one buffer and stores them
 // with one atomic Put (consecutive offsets in one queue). tmpl carries the
-// fields shared by all items (topic, queue, sysFlag, born info).
-func (b *Broker) storeBatch(ctx context.Context, tmpl *InboundMessage, items []batchItem) ([]store.PutResult, error) {
+// fields shared by all items (topic, queue, sysFlag, born info). end is
+// the log end after the batch's last record.
+func (b *Broker) storeBatch(ctx context.Context, tmpl *InboundMessage, items []batchItem) (_ []store.PutResult, end int64, _ error) {
 	bp := b.getBuf()
 	defer b.putBuf(bp)
 	buf := (*bp)[:0]
@@ -180,7 +181,7 @@ func (b *Broker) storeBatch(ctx context.Context, tmpl *InboundMessage, items []b
 		var err error
 		buf, tsPos[i], err = b.encodeRecord(buf, &m)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		ends[i] = len(buf)
 	}
@@ -203,18 +204,19 @@ func (b *Broker) storeBatch(ctx context.Context, tmpl *InboundMessage, items []b
 	}
 	res, err := b.store.Put(ctx, msgs)
 	if err != nil {
-		return nil, storeError(err)
+		return nil, 0, storeError(err)
 	}
-	return res, nil
+	last := len(res) - 1
+	return res, res[last].PhysicalOffset + int64(len(msgs[last].Record)), nil
 }
 
 // storeAll encodes msgs and stores them with one atomic store Put: all or
 // none, sharing one fsync. Transactions use it to write a final message and
 // its op record together. Like storeInternal it validates nothing and
-// creates no topic.
-func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) ([]StoredResult, error) {
+// creates no topic. end is the log end after the last record.
+func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) (_ []StoredResult, end int64, _ error) {
 	if !b.running() {
-		return nil, fmt.Errorf("broker: store: %w", ErrClosed)
+		return nil, 0, fmt.Errorf("broker: store: %w", ErrClosed)
 	}
 	bp := b.getBuf()
 	defer b.putBuf(bp)
@@ -223,11 +225,11 @@ func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) ([]Store
 	tsPos := make([]int, len(msgs))
 	for i, m := range msgs {
 		if m.QueueID < 0 {
-			return nil, fmt.Errorf("broker: store %s: negative queue id %d", m.Topic, m.QueueID)
+			return nil, 0, fmt.Errorf("broker: store %s: negative queue id %d", m.Topic, m.QueueID)
 		}
 		var err error
 		if buf, tsPos[i], err = b.encodeRecord(buf, m); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		ends[i] = len(buf)
 	}
@@ -247,8 +249,9 @@ func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) ([]Store
 	}
 	res, err := b.store.Put(ctx, puts)
 	if err != nil {
-		return nil, storeError(err)
+		return nil, 0, storeError(err)
 	}
+	end = res[len(res)-1].PhysicalOffset + int64(len(puts[len(puts)-1].Record))
 	out := make([]StoredResult, len(res))
 	for i, r := range res {
 		out[i] = StoredResult{
@@ -258,5 +261,5 @@ func (b *Broker) storeAll(ctx context.Context, msgs ...*InboundMessage) ([]Store
 			MsgID:          protocol.OffsetMsgID(b.host, r.PhysicalOffset),
 		}
 	}
-	return out, nil
+	return out, end, nil
 }

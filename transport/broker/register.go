@@ -2,9 +2,11 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -219,10 +221,55 @@ func (r *registrar) registerOnce(ctx context.Context) error {
 		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
 	}
 	if err := protocol.ResponseError(resp); err != nil {
+		var pe *protocol.Error
+		if errors.As(err, &pe) && strings.HasPrefix(pe.Remark, conflictRemark) {
+			r.b.log.Error("broker: the name server refused the registration", "namesrv", r.addr, "reason", pe.Remark)
+			return fmt.Errorf("%w: %s: %w", errRegistrationConflict, r.addr, err)
+		}
 		return fmt.Errorf("broker: register with %s: %w", r.addr, err)
 	}
 	accepted = true
+	if s := r.b.slave; s != nil {
+		var rh protocol.RegisterBrokerResponseHeader
+		if err := rh.Decode(resp); err == nil {
+			s.learn(rh.MasterAddr, rh.HAServerAddr)
+		}
+	}
 	return nil
+}
+
+// conflictRemark starts the remark of a name server's refusal of a broker
+// whose registration contradicts another's (a second master of one broker
+// name, a broker name in two clusters): runnel's name server says so.
+const conflictRemark = "[BROKER_CONFLICT]"
+
+// errRegistrationConflict is wrapped by the error of a registration a name
+// server refused as contradicting another broker's; Start fails with it.
+var errRegistrationConflict = errors.New("broker: registration conflicts with another broker's")
+
+// defaultConflictGrace is how long Start keeps registering while a name
+// server refuses the registration as a conflict: a master that was killed
+// and restarts at another address may register before the name server saw
+// its old connection close (which evicts the old address).
+const defaultConflictGrace = 5 * time.Second
+
+// registerFirst is Start's first registration: registerOnce, repeated for
+// up to conflictGrace while the name server reports a conflict.
+func (r *registrar) registerFirst(ctx context.Context) error {
+	deadline := time.Now().Add(r.b.cfg.conflictGrace)
+	for {
+		err := r.registerOnce(ctx)
+		if !errors.Is(err, errRegistrationConflict) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // run re-registers until ctx ends: every interval, on signal, and after a
@@ -282,7 +329,7 @@ func (b *Broker) registerRequest() (*protocol.Command, error) {
 		BrokerAddr:   b.hostStr,
 		ClusterName:  b.cfg.clusterName,
 		HAServerAddr: b.haAddr(),
-		BrokerID:     0,
+		BrokerID:     b.brokerID(),
 		Compressed:   protocol.Some(false),
 		BodyCRC32:    protocol.Some(protocol.BodyCRC(enc)),
 	}
@@ -291,8 +338,13 @@ func (b *Broker) registerRequest() (*protocol.Command, error) {
 	return req, nil
 }
 
-// haAddr is the advertised host with the HA port (listen port + 1).
+// haAddr is the HA address registered with the name servers: a master's
+// HA listener, else the advertised host with the listen port + 1 (what a
+// Java broker registers).
 func (b *Broker) haAddr() string {
+	if m := b.master; m != nil {
+		return m.addr
+	}
 	return netip.AddrPortFrom(b.host.Addr(), b.host.Port()+1).String()
 }
 
@@ -329,7 +381,7 @@ func (r *registrar) unregister(ctx context.Context) error {
 	}
 	req := protocol.NewRequest(protocol.ReqUnregisterBroker)
 	h := protocol.UnRegisterBrokerRequestHeader{
-		BrokerName: r.b.cfg.brokerName, BrokerAddr: r.b.hostStr, ClusterName: r.b.cfg.clusterName, BrokerID: 0,
+		BrokerName: r.b.cfg.brokerName, BrokerAddr: r.b.hostStr, ClusterName: r.b.cfg.clusterName, BrokerID: r.b.brokerID(),
 	}
 	h.Encode(req)
 	r.b.signForNameServer(req)

@@ -97,6 +97,9 @@ func (r *retrier) processSendBack(ctx context.Context, rc *remoting.RequestCtx) 
 	if err := h.Decode(req); err != nil {
 		return nil, &protocol.Error{Code: protocol.ResSystemError, Remark: err.Error()}
 	}
+	if r.b.isSlave() {
+		return respond(req, protocol.ResServiceNotAvailable, slaveRefusesWrites), nil
+	}
 	gc, ok := r.b.groupConfig(h.Group, true)
 	if !ok {
 		return nil, groupNotExist(h.Group)

@@ -295,6 +295,9 @@ func (s *scheduler) load() error {
 
 // run delivers due messages every tick until ctx ends.
 func (s *scheduler) run(ctx context.Context) {
+	if s.b.isSlave() {
+		return // a slave delivers nothing: its master does, and the slave copies the result
+	}
 	t := time.NewTicker(s.tick)
 	defer t.Stop()
 	loaded := false

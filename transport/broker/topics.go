@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/runnel-dev/runnel/transport/broker/internal/store"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -70,7 +71,7 @@ func validateTopic(topic string) error {
 // notSendable reports topics producers may not send to (NO_PERMISSION).
 func notSendable(topic string) bool {
 	switch topic {
-	case topicSchedule, topicTransHalf, topicTransOpHalf, topicTransCheckMax, topicSelfTest, topicOffsetMoved:
+	case topicSchedule, topicTransHalf, topicTransOpHalf, topicTransCheckMax, topicSelfTest, topicOffsetMoved, haOpsTopic:
 		return true
 	}
 	return false
@@ -277,14 +278,24 @@ func (b *Broker) autoCreateTopic(topic, defTopic string, reqQueues int32) (Topic
 }
 
 // deleteTopic removes the topic's config, messages and consumer offsets.
+// A master also logs the deletion (a record in haOpsTopic, appended right
+// after it), which its slaves replay at that place in the log.
 func (b *Broker) deleteTopic(name string) error {
+	var marker *store.PutMessage
+	if !b.isSlave() {
+		m, err := b.deletionRecord(name)
+		if err != nil {
+			return err
+		}
+		marker = &m
+	}
 	b.topics.mu.Lock()
 	if _, ok := b.topics.get(name); !ok {
 		b.topics.mu.Unlock()
 		// Still remove any messages left by a half-finished delete.
-		return b.store.DeleteTopic(name)
+		return b.store.DeleteTopicLogged(name, marker)
 	}
-	if err := b.store.DeleteTopic(name); err != nil {
+	if err := b.store.DeleteTopicLogged(name, marker); err != nil {
 		b.topics.mu.Unlock()
 		return fmt.Errorf("broker: delete topic %s: %w", name, err)
 	}
@@ -379,4 +390,15 @@ func (b *Broker) deleteGroup(name string) error {
 	delete(m, name)
 	b.groups.m.Store(&m)
 	return nil
+}
+
+// deletionRecord is the log record of the deletion of topic name.
+func (b *Broker) deletionRecord(name string) (store.PutMessage, error) {
+	m := InboundMessage{Topic: haOpsTopic, Body: []byte(name), BornTimestamp: b.now().UnixMilli(), BornHost: b.host,
+		Properties: string(protocol.AppendProperty(nil, propHAOp, haOpDeleteTopic)), MaxReconsumeTimes: -1}
+	rec, tsPos, err := b.encodeRecord(nil, &m)
+	if err != nil {
+		return store.PutMessage{}, err
+	}
+	return store.PutMessage{Topic: haOpsTopic, Record: rec, StoreTimestampPos: tsPos}, nil
 }

@@ -641,6 +641,11 @@ func sysError(remark string) *protocol.Error {
 	return &protocol.Error{Code: protocol.ResSystemError, Remark: remark}
 }
 
+// slaveRefusesEnd is the remark of a slave's refusal of END_TRANSACTION
+// (Java answers SLAVE_NOT_AVAILABLE: "Message store is slave mode, so end
+// transaction is forbidden").
+const slaveRefusesEnd = "message store is slave mode, so end transaction is forbidden: end it on the master"
+
 // processEnd serves END_TRANSACTION (37). commitOrRollback 0 (unknown) or
 // any value other than 8 and 12 gets no response, as from Java.
 func (t *transactions) processEnd(ctx context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
@@ -662,6 +667,9 @@ func (t *transactions) processEnd(ctx context.Context, rc *remoting.RequestCtx) 
 	}
 	if !t.b.running() {
 		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
+	}
+	if t.b.isSlave() {
+		return respond(req, protocol.ResSlaveNotAvailable, slaveRefusesEnd), nil
 	}
 	if err := t.end(ctx, &h, want, rc); err != nil {
 		return errorResponse(req, err), nil
@@ -698,10 +706,16 @@ func (t *transactions) end(ctx context.Context, h *protocol.EndTransactionReques
 	if err != nil {
 		return err
 	}
-	if _, err := t.b.storeAll(ctx, msgs...); err != nil {
+	_, end, err := t.b.storeAll(ctx, msgs...)
+	if err != nil {
 		return err
 	}
 	t.ended(&half, want)
+	if t.b.syncMasterWait(msgs[0].Properties) {
+		// Java's end waits for the replica of what it stored, then
+		// answers SUCCESS whatever the slave did.
+		t.b.awaitReplicaBlocking(ctx, end)
+	}
 	return nil
 }
 
@@ -821,6 +835,9 @@ func (t *transactions) processEndInline(ctx context.Context, rc *remoting.Reques
 	if !t.b.running() {
 		return respond(req, protocol.ResServiceNotAvailable, "broker is shutting down"), nil
 	}
+	if t.b.isSlave() {
+		return respond(req, protocol.ResSlaveNotAvailable, slaveRefusesEnd), nil
+	}
 	want := txRolledBack
 	if h.CommitOrRollback == protocol.SysFlagTransactionCommit {
 		want = txCommitted
@@ -899,6 +916,7 @@ type pendingEnd struct {
 	buf    *[]byte
 	puts   [2]store.PutMessage
 	res    [2]store.PutResult
+	n      int // records in the round
 	keys   [2][4]string
 	sc     endScratch  // the records endRecords built
 	doneFn func(error) // pe.done, bound once
@@ -969,6 +987,7 @@ func (pe *pendingEnd) put(ctx context.Context, msgs []*InboundMessage, commit bo
 		start = ends[i]
 	}
 	n := len(msgs)
+	pe.n = n
 	if err := b.store.PutAsync(ctx, pe.puts[:n], pe.res[:n], pe.doneFn); err != nil {
 		b.putBuf(pe.buf)
 		return err
@@ -986,6 +1005,19 @@ func (pe *pendingEnd) done(err error) {
 		t.ended(&pe.half, pe.want)
 		t.inlineEnds.Add(1)
 		resp = protocol.NewResponse(req, protocol.ResSuccess, "")
+		props := ""
+		if pe.want == txCommitted {
+			props = pe.sc.final.Properties
+		}
+		if pe.n > 0 && t.b.syncMasterWait(props) {
+			// Java's end waits for the replica, then answers SUCCESS
+			// whatever the slave did.
+			end := pe.res[pe.n-1].PhysicalOffset + int64(len(pe.puts[pe.n-1].Record))
+			t.unlock(pe.half.CommitLogOffset)
+			t.b.awaitReplica(end, pe.rc, resp, true)
+			pe.release()
+			return
+		}
 	}
 	t.unlock(pe.half.CommitLogOffset)
 	_ = pe.rc.Respond(resp) // a failure closed the connection, which reports it
@@ -1453,7 +1485,7 @@ func (t *transactions) discard(ctx context.Context, m *protocol.MessageExt, coun
 		MaxReconsumeTimes:         -1,
 		PreparedTransactionOffset: m.CommitLogOffset,
 	}
-	if _, err := t.b.storeAll(ctx, cp, t.opRecord(m.QueueOffset, txDiscarded)); err != nil {
+	if _, _, err := t.b.storeAll(ctx, cp, t.opRecord(m.QueueOffset, txDiscarded)); err != nil {
 		return err
 	}
 	t.discarded.Add(1)

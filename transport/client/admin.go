@@ -269,3 +269,23 @@ func (c *Client) adminCall(ctx context.Context, addr string, req *protocol.Comma
 	}
 	return protocol.ResponseError(resp)
 }
+
+// BrokerHAStatus returns a broker's replication status
+// (GET_BROKER_HA_STATUS, what `mqadmin haStatus` shows): a master's log end
+// and connected slaves, or a slave's view of its master. Apache RocketMQ 5
+// brokers and runnel's answer it; 4.x brokers answer
+// REQUEST_CODE_NOT_SUPPORTED (protocol.ErrRequestCodeNotSupported).
+func (c *Client) BrokerHAStatus(ctx context.Context, addr string) (*protocol.HARuntimeInfo, error) {
+	resp, err := c.invoke(ctx, addr, protocol.NewRequest(protocol.ReqGetBrokerHAStatus))
+	if err == nil {
+		err = protocol.ResponseError(resp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client: HA status of %s: %w", addr, err)
+	}
+	info := &protocol.HARuntimeInfo{}
+	if err := info.Decode(resp.Body); err != nil {
+		return nil, fmt.Errorf("client: HA status of %s: %w", addr, err)
+	}
+	return info, nil
+}

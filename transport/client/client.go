@@ -536,6 +536,16 @@ func (c *Client) conn(ctx context.Context, addr string) (*remoting.Conn, error) 
 	}
 }
 
+// addrDown reports whether addr's last dial failed and its backoff has
+// not passed: requests that can go elsewhere (a pull or an offset request
+// to a slave when the master is down) do.
+func (c *Client) addrDown(addr string) bool {
+	c.conns.Lock()
+	defer c.conns.Unlock()
+	s := c.conns.m[addr]
+	return s != nil && s.conn == nil && s.failures > 0 && time.Now().Before(s.retryAt)
+}
+
 func dialBackoff(failures int) time.Duration {
 	d := minDialBackoff
 	for i := 1; i < failures && d < maxDialBackoff; i++ {

@@ -92,7 +92,11 @@ type PullResult struct {
 	// SuggestBrokerID is the broker id the broker suggested for the next
 	// pull of this queue (0 = master); the Client follows it.
 	SuggestBrokerID int64
-	Messages        []protocol.MessageExt
+	// BrokerAddr and BrokerID are the broker that answered (a slave's
+	// when the master suggested one, or was unreachable).
+	BrokerAddr string
+	BrokerID   int64
+	Messages   []protocol.MessageExt
 }
 
 // Pull reads messages of one queue from req.Offset. It blocks for the
@@ -129,14 +133,107 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 	if err != nil {
 		return nil, err
 	}
-	brokerID := c.suggestedBroker(req.Queue)
-	addr, ok := route.BrokerAddr(req.Queue.BrokerName, brokerID)
-	if !ok {
-		brokerID = protocol.MasterID
-		if addr, ok = route.MasterAddr(req.Queue.BrokerName); !ok {
-			return nil, fmt.Errorf("%w: broker %q of %s has no master", ErrNoRoute, req.Queue.BrokerName, req.Queue)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, req.Suspend+pullTimeoutMargin)
+		defer cancel()
+	}
+	addr, brokerID, fallback, err := c.pullBroker(route, req.Queue, false)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.invoke(ctx, addr, c.pullCommand(&req, expr, typ, brokerID))
+	if err != nil && brokerID == protocol.MasterID && isTransport(err) && ctx.Err() == nil {
+		// The master is unreachable: its slave serves the pull (the
+		// same queue offsets), as RocketMQ clients read from a slave
+		// once the master is gone.
+		if saddr, sid, _, serr := c.pullBroker(route, req.Queue, true); serr == nil && sid != protocol.MasterID {
+			c.log.Debug("client: master unreachable; pulling from its slave", "queue", req.Queue, "master", addr, "slave", saddr, "err", err)
+			addr, brokerID, fallback = saddr, sid, true
+			resp, err = c.invoke(ctx, addr, c.pullCommand(&req, expr, typ, brokerID))
 		}
 	}
+	if err != nil {
+		return nil, fmt.Errorf("client: pull %s: %w", req.Queue, err)
+	}
+	res := &PullResult{BrokerAddr: addr, BrokerID: brokerID}
+	switch resp.Code {
+	case protocol.ResSuccess:
+		res.Status = PullFound
+	case protocol.ResPullNotFound:
+		res.Status = PullNoNewMsg
+	case protocol.ResPullRetryImmediately:
+		res.Status = PullNoMatchedMsg
+	case protocol.ResPullOffsetMoved:
+		res.Status = PullOffsetIllegal
+	default:
+		return nil, fmt.Errorf("client: pull %s from %s: %w", req.Queue, addr, protocol.ResponseError(resp))
+	}
+	var rh protocol.PullMessageResponseHeader
+	if err := rh.Decode(resp); err != nil {
+		return nil, fmt.Errorf("client: pull %s from %s: response: %w", req.Queue, addr, err)
+	}
+	res.NextBeginOffset, res.MinOffset, res.MaxOffset, res.SuggestBrokerID = rh.NextBeginOffset, rh.MinOffset, rh.MaxOffset, rh.SuggestWhichBrokerID
+	c.setSuggestedBroker(req.Queue, rh.SuggestWhichBrokerID)
+	if fallback && res.Status != PullFound && res.NextBeginOffset == req.Offset {
+		// A slave that still hears from the master this client cannot
+		// reach sends it back to the master at once (RETRY_IMMEDIATELY):
+		// wait here, as a long poll would, rather than spin between the two.
+		res.Status = PullNoNewMsg
+		if err := waitCtx(ctx, min(max(req.Suspend, 100*time.Millisecond), time.Second)); err != nil {
+			return nil, fmt.Errorf("client: pull %s: %w", req.Queue, err)
+		}
+	}
+	if res.Status != PullFound {
+		return res, nil
+	}
+	return c.decodePulled(res, &req, resp, expr, typ, addr)
+}
+
+// pullBroker chooses the broker a pull of q goes to, as RocketMQ clients
+// do (findBrokerAddressInSubscribe): the one the last pull suggested (or
+// the next id when it is gone), else the master, else a slave; a master
+// whose last dial failed is passed over for a slave until its backoff
+// ends. avoidMaster asks for a slave. fallback tells a slave chosen because
+// the master is not there.
+func (c *Client) pullBroker(route *TopicRoute, q protocol.MessageQueue, avoidMaster bool) (addr string, id int64, fallback bool, err error) {
+	name := q.BrokerName
+	if s := c.suggestedBroker(q); s != protocol.MasterID && !avoidMaster {
+		if a, ok := route.BrokerAddr(name, s); ok {
+			return a, s, false, nil
+		}
+		if a, ok := route.BrokerAddr(name, s+1); ok {
+			return a, s + 1, false, nil
+		}
+	}
+	master, hasMaster := route.MasterAddr(name)
+	if hasMaster && !avoidMaster && !c.addrDown(master) {
+		return master, protocol.MasterID, false, nil
+	}
+	if a, sid, ok := route.SlaveAddr(name); ok {
+		return a, sid, true, nil
+	}
+	if hasMaster {
+		return master, protocol.MasterID, false, nil
+	}
+	return "", 0, false, fmt.Errorf("%w: broker %q of %s has no address", ErrNoRoute, name, q)
+}
+
+// waitCtx waits d or until ctx ends.
+func waitCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// pullCommand builds the PULL_MESSAGE request of req for broker id (the
+// commit-offset flag only to a master, as RocketMQ clients do).
+func (c *Client) pullCommand(req *PullRequest, expr, typ string, brokerID int64) *protocol.Command {
 	sysFlag := protocol.PullFlagSubscription
 	if req.Suspend > 0 {
 		sysFlag |= protocol.PullFlagSuspend
@@ -160,37 +257,11 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 		BrokerName:           req.Queue.BrokerName,
 	}
 	h.Encode(cmd)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, req.Suspend+pullTimeoutMargin)
-		defer cancel()
-	}
-	resp, err := c.invoke(ctx, addr, cmd)
-	if err != nil {
-		return nil, fmt.Errorf("client: pull %s: %w", req.Queue, err)
-	}
-	res := &PullResult{}
-	switch resp.Code {
-	case protocol.ResSuccess:
-		res.Status = PullFound
-	case protocol.ResPullNotFound:
-		res.Status = PullNoNewMsg
-	case protocol.ResPullRetryImmediately:
-		res.Status = PullNoMatchedMsg
-	case protocol.ResPullOffsetMoved:
-		res.Status = PullOffsetIllegal
-	default:
-		return nil, fmt.Errorf("client: pull %s from %s: %w", req.Queue, addr, protocol.ResponseError(resp))
-	}
-	var rh protocol.PullMessageResponseHeader
-	if err := rh.Decode(resp); err != nil {
-		return nil, fmt.Errorf("client: pull %s from %s: response: %w", req.Queue, addr, err)
-	}
-	res.NextBeginOffset, res.MinOffset, res.MaxOffset, res.SuggestBrokerID = rh.NextBeginOffset, rh.MinOffset, rh.MaxOffset, rh.SuggestWhichBrokerID
-	c.setSuggestedBroker(req.Queue, rh.SuggestWhichBrokerID)
-	if res.Status != PullFound {
-		return res, nil
-	}
+	return cmd
+}
+
+// decodePulled decodes the messages of a FOUND response into res.
+func (c *Client) decodePulled(res *PullResult, req *PullRequest, resp *protocol.Command, expr, typ, addr string) (*PullResult, error) {
 	var filter protocol.TagFilter
 	tagFilter := typ == protocol.ExpressionTypeTag
 	if tagFilter {
@@ -199,7 +270,7 @@ func (c *Client) pull(ctx context.Context, req PullRequest) (*PullResult, error)
 	}
 	res.Messages = make([]protocol.MessageExt, 0, min(int(req.MaxMsgs), DefaultPullMaxMsgs))
 	var derr error
-	err = protocol.DecodeRecords(resp.Body, func(m *protocol.MessageExt) bool {
+	err := protocol.DecodeRecords(resp.Body, func(m *protocol.MessageExt) bool {
 		inner := m.SysFlag&innerBatch == innerBatch
 		if !inner && tagFilter && !filter.Match(m.Tags()) {
 			return true
@@ -280,27 +351,31 @@ func (c *Client) setSuggestedBroker(q protocol.MessageQueue, id int64) {
 	c.pullFrom.Store(q, id)
 }
 
-// masterOf returns the master address of q's broker.
-func (c *Client) masterOf(ctx context.Context, q protocol.MessageQueue) (string, error) {
-	r, err := c.Route(ctx, q.Topic)
-	if err != nil {
-		return "", err
-	}
-	addr, ok := r.MasterAddr(q.BrokerName)
-	if !ok {
-		return "", fmt.Errorf("%w: broker %q of %s has no master", ErrNoRoute, q.BrokerName, q)
-	}
-	return addr, nil
-}
-
 // queueRequest sends a request about q to its master and returns the
-// successful response.
+// successful response. When the route has no master for q's broker, or the
+// master cannot be reached, the request goes to its slave: a slave answers
+// offsets as its master does (it has the same queues), and keeps consumer
+// offsets committed to it, as RocketMQ clients commit them
+// (findBrokerAddressInSubscribe, onlyThisBroker false).
 func (c *Client) queueRequest(ctx context.Context, what string, q protocol.MessageQueue, req *protocol.Command) (*protocol.Command, error) {
-	addr, err := c.masterOf(ctx, q)
+	r, err := c.Route(ctx, q.Topic)
 	if err != nil {
 		return nil, err
 	}
+	master, hasMaster := r.MasterAddr(q.BrokerName)
+	slave, _, hasSlave := r.SlaveAddr(q.BrokerName)
+	addr := master
+	switch {
+	case !hasMaster && !hasSlave:
+		return nil, fmt.Errorf("%w: broker %q of %s has no master", ErrNoRoute, q.BrokerName, q)
+	case !hasMaster || (hasSlave && c.addrDown(master)):
+		addr = slave
+	}
 	resp, err := c.invoke(ctx, addr, req)
+	if err != nil && addr == master && hasSlave && isTransport(err) && ctx.Err() == nil {
+		addr = slave
+		resp, err = c.invoke(ctx, addr, req)
+	}
 	if err == nil {
 		err = protocol.ResponseError(resp)
 	}

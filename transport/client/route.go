@@ -113,6 +113,24 @@ func (r *TopicRoute) BrokerAddr(brokerName string, id int64) (string, bool) {
 	return "", false
 }
 
+// SlaveAddr returns the address of the slave with the lowest broker id of
+// brokerName, and that id.
+func (r *TopicRoute) SlaveAddr(brokerName string) (string, int64, bool) {
+	for _, bd := range r.Data.BrokerDatas {
+		if bd.BrokerName != brokerName {
+			continue
+		}
+		best, addr := int64(-1), ""
+		for id, a := range bd.BrokerAddrs {
+			if id != protocol.MasterID && a != "" && (best < 0 || id < best) {
+				best, addr = id, a
+			}
+		}
+		return addr, best, best > 0
+	}
+	return "", 0, false
+}
+
 // BrokerNames returns the names of the route's brokers, sorted. The slice
 // is shared: do not modify it.
 func (r *TopicRoute) BrokerNames() []string { return r.brokers }

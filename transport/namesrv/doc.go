@@ -44,6 +44,13 @@
 //     does, but without leaving a half-registered broker group behind.
 //   - Registrations are checked: topic names must be 1..MaxTopicNameLen bytes
 //     and queue counts within [0, MaxQueueNums].
+//   - A registration that contradicts a live broker's is refused with
+//     SYSTEM_ERROR and a remark starting ConflictRemark, and logged: a second
+//     master (broker id 0 at another address) of a broker name whose master
+//     is registered, or a broker name registered in another cluster than the
+//     one it is live in. Java's name server takes both (a master with a newer
+//     state version replaces the other), so that two masters of one name
+//     take turns in the routes.
 //   - Acting-master mode, static topics, filter-server routing and the
 //     controller codes are not implemented.
 //

@@ -81,6 +81,11 @@ func remoteOf(conn *remoting.ServerConn) string {
 	return conn.RemoteAddr().String()
 }
 
+// ConflictRemark starts the remark of the SYSTEM_ERROR answering a
+// REGISTER_BROKER that contradicts a live broker's registration: a second
+// master of one broker name, or a broker name registered in two clusters.
+const ConflictRemark = "[BROKER_CONFLICT]"
+
 func (s *Server) registerBroker(req *protocol.Command, conn *remoting.ServerConn) *protocol.Command {
 	var h protocol.RegisterBrokerRequestHeader
 	if err := h.Decode(req); err != nil {
@@ -104,6 +109,10 @@ func (s *Server) registerBroker(req *protocol.Command, conn *remoting.ServerConn
 	}
 	res := s.routes.register(r, s.cfg.now())
 	switch {
+	case res.conflict != "":
+		s.log.Error("namesrv: registration refused: it contradicts a live broker's", "cluster", r.cluster,
+			"broker", r.name, "id", r.id, "addr", r.addr, "reason", res.conflict)
+		return respond(req, protocol.ResSystemError, ConflictRemark+" "+res.conflict)
 	case res.rejected:
 		s.log.Warn("namesrv: first registration of a broker carries exactly one topic; rejected",
 			"cluster", r.cluster, "broker", r.name, "id", r.id, "addr", r.addr)

@@ -1,6 +1,7 @@
 package namesrv
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -61,9 +62,10 @@ type registration struct {
 
 // registerResult is what a registration answers.
 type registerResult struct {
-	rejected     bool // first registration with exactly one topic
-	ignored      bool // an address with a newer state version holds this id
-	first        bool // the address was not registered before
+	conflict     string // why it contradicts a live broker's registration ("" when it does not)
+	rejected     bool   // first registration with exactly one topic
+	ignored      bool   // an address with a newer state version holds this id
+	first        bool   // the address was not registered before
 	masterAddr   string
 	haServerAddr string
 }
@@ -111,6 +113,9 @@ func (rt *routeTable) register(r *registration, now time.Time) registerResult {
 	// rejected registration leaves nothing behind.
 	if _, known := g.addrOf(r.id); !known && len(r.topics) == 1 {
 		return registerResult{rejected: true}
+	}
+	if why := rt.conflictLocked(g, r); why != "" {
+		return registerResult{conflict: why}
 	}
 
 	names := rt.mu.clusters[r.cluster]
@@ -180,6 +185,42 @@ func (rt *routeTable) register(r *registration, now time.Time) registerResult {
 		}
 	}
 	return res
+}
+
+// conflictLocked says why r contradicts a live registration of its broker
+// group g (nil for a new one), or "": a broker name registered in another
+// cluster, or a second master of a broker name (another address holding id
+// 0 while it is live). Java's name server takes either (the newer state
+// version's master wins); runnel refuses both, so that two masters of one
+// name, or a slave pointed at another cluster's broker of its name, are
+// seen at once on both sides.
+func (rt *routeTable) conflictLocked(g *brokerGroup, r *registration) string {
+	if g == nil {
+		return ""
+	}
+	liveAddr := func(cluster string, id int64) (string, bool) {
+		a, ok := g.addrs[id]
+		if !ok || a == r.addr {
+			return "", false
+		}
+		return a, rt.mu.live[brokerKey{cluster, a}] != nil
+	}
+	if g.cluster != r.cluster {
+		for id, a := range g.addrs {
+			if a != r.addr && rt.mu.live[brokerKey{g.cluster, a}] != nil {
+				return fmt.Sprintf("broker name %q is registered in cluster %q (id %d at %s): %s cannot register it in cluster %q",
+					g.name, g.cluster, id, a, r.addr, r.cluster)
+			}
+		}
+		return ""
+	}
+	if r.id == protocol.MasterID {
+		if a, live := liveAddr(r.cluster, protocol.MasterID); live {
+			return fmt.Sprintf("broker %q of cluster %q already has a master at %s: a second master at %s is refused (give it another broker name, or make it a slave with a broker id above 0)",
+				g.name, g.cluster, a, r.addr)
+		}
+	}
+	return ""
 }
 
 // addrOf returns the address registered for id; g may be nil.

@@ -68,6 +68,7 @@ const (
 	ReqLitePullMessage                  int32 = 361    // LITE_PULL_MESSAGE
 	ReqBrokerHeartbeat                  int32 = 904    // BROKER_HEARTBEAT
 	ReqNotifyMinBrokerIDChange          int32 = 905    // NOTIFY_MIN_BROKER_ID_CHANGE
+	ReqGetBrokerHAStatus                int32 = 907    // GET_BROKER_HA_STATUS
 	ReqPopMessage                       int32 = 200050 // POP_MESSAGE
 	ReqAckMessage                       int32 = 200051 // ACK_MESSAGE
 	ReqPeekMessage                      int32 = 200052 // PEEK_MESSAGE
@@ -263,6 +264,8 @@ func RequestCodeName(c int32) string {
 		return "BROKER_HEARTBEAT"
 	case 905:
 		return "NOTIFY_MIN_BROKER_ID_CHANGE"
+	case 907:
+		return "GET_BROKER_HA_STATUS"
 	case 200050:
 		return "POP_MESSAGE"
 	case 200051:

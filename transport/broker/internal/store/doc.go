@@ -53,6 +53,8 @@
 //	't' name                                 topic config (opaque, owned by the broker)
 //	's' name                                 subscription group config (opaque)
 //	'x' key                                  broker meta KV ([Store.PutMeta])
+//	'e' epoch(u32)                           start offset of a log epoch (int64)
+//	'l'                                      log id (a master's, copied by its slaves)
 //
 // A message value is a small header followed by the record:
 //
@@ -84,6 +86,18 @@
 //   - Index entries are validated on use (the physical offset stored in the
 //     record must match), so an index entry left behind can never resolve to
 //     another message.
+//
+// # Replication
+//
+// The log a master replicates is its records in physical order, read
+// through the physical index ([Store.ReadLog]); a slave appends them at the
+// master's physical and queue offsets with their tags codes, keys and store
+// times ([Store.AppendLog], which refuses an entry that does not extend the
+// log: [ErrLogConflict]), so that its store answers every read as the
+// master's does. [Store.TruncateLog] removes a diverged tail; epochs
+// ([Store.StartEpoch], [Store.AddEpoch]) and the log id tell where two logs
+// part. Holes (records removed by DeleteTopic or TruncateBefore) are
+// skipped by ReadLog and kept by AppendLog.
 //
 // # Lock order
 //

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 )
@@ -138,3 +139,5 @@ func mustOffset(t testing.TB, f func(string, int32) (int64, error), topic string
 	}
 	return v
 }
+
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -17,6 +17,8 @@ const (
 	prefixTopicCfg = 't'
 	prefixGroupCfg = 's'
 	prefixMeta     = 'x'
+	prefixEpoch    = 'e'
+	prefixLogID    = 'l'
 )
 
 // formatVersion is the on-disk layout version written at creation.

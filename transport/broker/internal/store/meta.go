@@ -472,9 +472,26 @@ func (s *Store) deleteIndexes(b *pebble.Batch, topic string, m msgValue) error {
 // then everything else in one atomic batch; a crash in between leaves the
 // topic readable with some physical index entries missing, and calling
 // DeleteTopic again finishes the job.
-func (s *Store) DeleteTopic(topic string) error {
+func (s *Store) DeleteTopic(topic string) error { return s.DeleteTopicLogged(topic, nil) }
+
+// DeleteTopicLogged is DeleteTopic that also appends marker (when not nil)
+// to the log right after the deletion, under the same hold of the append
+// lock: every record of the topic stored before the marker is deleted, and
+// none stored after it (the records of a topic created again), which is
+// how a slave replays a master's deletion at the right place in the log. A
+// crash between the deletion and the marker's commit loses the marker.
+func (s *Store) DeleteTopicLogged(topic string, marker *PutMessage) error {
 	if err := checkName("topic", topic, MaxNameLen); err != nil {
 		return err
+	}
+	var mr *putRequest
+	if marker != nil {
+		var err error
+		if mr, err = s.newPutRequest([]PutMessage{*marker}); err != nil {
+			return err
+		}
+		mr.res = make([]PutResult, 1)
+		defer s.freePutRequest(mr)
 	}
 	if err := s.acquire(); err != nil {
 		return err
@@ -538,5 +555,51 @@ func (s *Store) DeleteTopic(topic string) error {
 		}
 	}
 	s.qmu.Unlock()
+	if mr != nil {
+		s.rounds.Add(1)
+		s.inline[0] = mr
+		err := s.commitLocked(s.inline[:])
+		s.inline[0] = nil
+		if err != nil {
+			return fmt.Errorf("store: delete topic %s: marker: %w", topic, err)
+		}
+	}
 	return nil
+}
+
+// AllOffsets calls fn for every committed consumer offset, ordered by
+// topic, group, queue, until fn returns false.
+func (s *Store) AllOffsets(fn func(topic, group string, queue int32, off int64) bool) error {
+	return s.scanOffsets("", fn)
+}
+
+// DeleteTopicConfig removes the topic's config alone (a slave copying its
+// master's topic table; the messages go with the master's delete record).
+func (s *Store) DeleteTopicConfig(name string) error {
+	return s.deleteNamed(prefixTopicCfg, "topic", name)
+}
+
+// DeleteGroupConfig removes the subscription group's config alone,
+// keeping its consumer offsets (a slave copying its master's groups).
+func (s *Store) DeleteGroupConfig(name string) error {
+	return s.deleteNamed(prefixGroupCfg, "group", name)
+}
+
+func (s *Store) deleteNamed(prefix byte, kind, name string) error {
+	if err := checkName(kind, name, MaxNameLen); err != nil {
+		return err
+	}
+	if err := s.acquire(); err != nil {
+		return err
+	}
+	defer s.release()
+	if err := s.failedErr(); err != nil {
+		return err
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := b.Delete(appendNameKey(nil, prefix, name), nil); err != nil {
+		return fmt.Errorf("store: delete %s config: %w", kind, err)
+	}
+	return s.commitBatch(b, true, "delete "+kind+" config")
 }

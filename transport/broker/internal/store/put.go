@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 )
 
 // PutMessage is one message to append.
@@ -493,9 +494,9 @@ func (s *Store) queueForAppendLocked(topic string, id int32) *queue {
 	if q := s.lookupQueue(topic, id); q != nil {
 		return q
 	}
-	q := newQueue(topic, id)
+	q := newQueue(strings.Clone(topic), id) // topic may alias a caller's buffer (AppendLog)
 	s.qmu.Lock()
-	s.qmu.m[queueKey{topic, id}] = q
+	s.qmu.m[queueKey{q.topic, id}] = q // never the caller's string: the map keeps it
 	s.qmu.Unlock()
 	return q
 }
