@@ -13,6 +13,7 @@ import (
 	"github.com/go-playground/validator/v10"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
@@ -59,7 +60,7 @@ type jobConfig struct {
 	logger             *slog.Logger
 	clock              func() time.Time
 	statusAddr         string
-	faults             Faults
+	faults             failpoint.Pipeline
 	onStatusAddr       func(string)
 	validatorInstance  *validator.Validate
 	discoveryInterval  time.Duration
@@ -73,7 +74,7 @@ type jobConfig struct {
 	workerGroup   string
 	snapshotEvery int
 	standbys      int
-	scaleFaults   ScaleoutFaults
+	scaleFaults   failpoint.Scaleout
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).
@@ -149,18 +150,6 @@ func StatusAddress(addr string, onListen func(string)) JobOption {
 func Validator(v *validator.Validate) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.validatorInstance = v })
 }
-
-// Faults injects deliberate bugs for tests that prove the exactly-once
-// checks can fail. Never set them outside tests.
-type Faults struct {
-	// OffsetsBeforeState makes source tasks checkpoint the offset they had
-	// BEFORE their last processed batch, so checkpointed state runs ahead of
-	// checkpointed offsets and a restore processes some records twice.
-	OffsetsBeforeState bool
-}
-
-// InjectFaults enables test-only faults (see Faults).
-func InjectFaults(f Faults) JobOption { return jobOptionFunc(func(c *jobConfig) { c.faults = f }) }
 
 // Job is a stream job under construction, then running. Building (the
 // functions that take a Job or Stream) is not safe for concurrent use; Run

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/source"
 )
@@ -189,7 +190,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	}()
 	defer h.ReleasePollContext()
 	ports := st.b.ports
-	faulty := st.job.cfg.faults.OffsetsBeforeState
+	faulty := failpoint.Enabled && st.job.cfg.faults.OffsetsBeforeState
 	var prevOffset []byte
 	offsets := func() map[string][]byte {
 		off := reader.Offset()
