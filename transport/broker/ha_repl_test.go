@@ -358,7 +358,8 @@ func TestBrokerHATransactionsOnPair(t *testing.T) {
 
 // TestBrokerHASlaveCutOff: a slave that stops reading does not make the
 // master read its backlog ahead (what is in flight is bounded by the socket
-// buffers and one transfer batch, whatever the log grows by), and a slave
+// buffers and one transfer batch, whatever the log grows by; the master's
+// memory for it is one frame buffer), and a slave
 // whose connections are dropped for a while catches up from the store.
 func TestBrokerHASlaveCutOff(t *testing.T) {
 	var st stall
@@ -386,6 +387,11 @@ func TestBrokerHASlaveCutOff(t *testing.T) {
 		inFlight := sl.NextOffset - max(sl.AckOffset, 0)
 		if inFlight > 8<<20 {
 			t.Fatalf("the master read %d bytes ahead of a slave that does not read (log end %d)", inFlight, hs.LogEnd)
+		}
+		// What the master holds for the slave is one frame buffer (the
+		// 32 KiB batch of fastHA, room for a record), not its lag.
+		if sl.BufferBytes <= 0 || sl.BufferBytes > 256<<10 {
+			t.Fatalf("the master holds a %d-byte buffer for a slave %d bytes behind", sl.BufferBytes, sl.Lag)
 		}
 		if hs.LogEnd-sl.NextOffset < 4<<20 {
 			return fmt.Errorf("the master's transfer is at %d of %d", sl.NextOffset, hs.LogEnd)
@@ -419,6 +425,43 @@ func waitTopic(t testing.TB, b *Broker, topic string) {
 	poll.Until(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if _, ok := b.topics.get(topic); !ok {
 			return fmt.Errorf("no config of %s yet", topic)
+		}
+		return nil
+	})
+}
+
+// TestBrokerHATransferRate: GET_BROKER_HA_STATUS reports the bytes per
+// second replicated (transferredByteInSecond, on both sides) while a load
+// runs, and 0 once it stopped for two seconds.
+func TestBrokerHATransferRate(t *testing.T) {
+	p := startPair(t, RoleSyncMaster, nil, nil)
+	mc, sc := dial(t, p.master.Addr()), dial(t, p.slave.Addr())
+	createTopic(t, mc, "rate-t", 1)
+	rates := func() (int64, int64) {
+		var mi, si protocol.HARuntimeInfo
+		if err := mi.Decode(invoke(t, mc, protocol.NewRequest(protocol.ReqGetBrokerHAStatus)).Body); err != nil || len(mi.HAConnectionInfo) != 1 {
+			t.Fatalf("master's HA status %+v: %v", mi, err)
+		}
+		if err := si.Decode(invoke(t, sc, protocol.NewRequest(protocol.ReqGetBrokerHAStatus)).Body); err != nil {
+			t.Fatal(err)
+		}
+		return mi.HAConnectionInfo[0].TransferredByteInSecond, si.HAClientRuntimeInfo.TransferredByteInSecond
+	}
+	body := bytes.Repeat([]byte{'r'}, 1024)
+	poll.Until(t, 20*time.Second, time.Millisecond, func() error {
+		send(t, mc, "rate-t", 0, body, "")
+		if m, s := rates(); m <= 0 || s <= 0 {
+			return fmt.Errorf("rates %d/s sent, %d/s received", m, s)
+		}
+		return nil
+	})
+	m, s := rates()
+	if sent, got := p.master.HAStatus().Slaves[0].BytesSent, p.slave.HAStatus().Master.BytesReceived; m > sent || s > got || sent < got {
+		t.Fatalf("rates %d/s and %d/s; %d bytes sent, %d received", m, s, sent, got)
+	}
+	poll.Until(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if m, s := rates(); m != 0 || s != 0 {
+			return fmt.Errorf("rates %d/s and %d/s without load", m, s)
 		}
 		return nil
 	})
