@@ -13,8 +13,9 @@
 #    tagged benchmark file through -overlay. If that fails the official
 #    frame rows are skipped and a warning says so.
 #
-# Raw output goes to .bench/ (gitignored). Then it prints two benchstat
-# tables: runnel vs official side by side (-col /impl), and the rest.
+# Raw output goes to .bench/ (gitignored). Then it prints three benchstat
+# tables: runnel vs official side by side (-col /impl), a SYNC_MASTER pair
+# vs a single broker (-col /mode), and the rest.
 #
 # Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
 # benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
@@ -85,9 +86,14 @@ echo "### runnel (base) vs official rocketmq-client-go, same run: the official c
 echo
 benchstat -col /impl@'(runnel official)' -filter "$paired" "$out/interop.txt"
 echo
-echo "### other benchmarks"
+echo "### SYNC_MASTER pair (base: a single broker, both sync flush), same run: BenchmarkBrokerHASend; target: the pair's msgs/s at least 70 % of the single broker's"
 echo
-benchstat -filter "-$paired" "runnel=$out/all.txt"
+ha='/mode:(single OR sync-pair)'
+benchstat -col /mode@'(single sync-pair)' -filter "$ha" "$out/root.txt"
+echo
+echo "### other benchmarks (BenchmarkBrokerHALag: replication lag at half the pair's max rate; target: lag-p99-ms at most 50)"
+echo
+benchstat -filter "-($paired OR $ha)" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2

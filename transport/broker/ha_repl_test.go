@@ -466,3 +466,87 @@ func TestBrokerHATransferRate(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBrokerHAScheduleRetryOnPair: delay-level and timer messages, retries
+// and dead letters on a SYNC_MASTER pair. A scheduled message answered
+// SEND_OK is in the slave's log when the answer comes; only the master
+// delivers it (the slave does not, even with its master gone), and what
+// the master delivers, retries and dead-letters is on the slave at the
+// same queue offsets.
+func TestBrokerHAScheduleRetryOnPair(t *testing.T) {
+	levels := WithDelayLevels([]time.Duration{150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond})
+	p := startPair(t, RoleSyncMaster, []Option{levels}, []Option{levels})
+	mc, sc := dial(t, p.master.Addr()), dial(t, p.slave.Addr())
+	createTopic(t, mc, "sched-t", 1)
+	waitTopic(t, p.slave, "sched-t")
+	onSlave := func(rh protocol.SendMessageResponseHeader) {
+		t.Helper()
+		_, phys, err := protocol.ParseOffsetMsgID(rh.MsgID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end := p.slave.HAStatus().LogEnd; end <= phys {
+			t.Fatalf("SEND_OK for physical offset %d; the slave's log ends at %d", phys, end)
+		}
+	}
+	onSlave(send(t, mc, "sched-t", 0, []byte("delayed"), props(protocol.PropDelayLevel, "1")))
+	onSlave(send(t, mc, "sched-t", 0, []byte("timer"), props(protocol.PropTimerDelayMS, "300")))
+	if r := pull(t, sc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 0 {
+		t.Fatalf("the slave shows %d scheduled messages before they are due", len(r.msgs))
+	}
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if r := pull(t, mc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 2 {
+			return fmt.Errorf("the master delivered %d of 2 scheduled messages", len(r.msgs))
+		}
+		return nil
+	})
+	waitCaughtUp(t, p.master, p.slave)
+	sameQueues(t, p.master, p.slave, "sched-t", 1)
+
+	// A retry, then a dead letter (the group retries once).
+	gc := protocol.DefaultSubscriptionGroupConfig("sched-g")
+	gc.RetryMaxTimes = 1
+	body, err := jsonMarshal(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.NewRequest(protocol.ReqUpdateAndCreateSubscriptionGroup)
+	req.Body = body
+	if r := invoke(t, mc, req); r.Code != protocol.ResSuccess {
+		t.Fatalf("create group: %d %s", r.Code, r.Remark)
+	}
+	first := pull(t, mc, pullArgs{group: "sched-g", topic: "sched-t", max: 1}).msgs[0]
+	if r := invoke(t, mc, sendBackReq("sched-g", first.CommitLogOffset, 0)); r.Code != protocol.ResSuccess {
+		t.Fatalf("send back: %d %s", r.Code, r.Remark)
+	}
+	rt, dlq := retryTopic("sched-g"), dlqTopic("sched-g")
+	var retried protocol.MessageExt
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		r := pull(t, mc, pullArgs{group: "sched-g", topic: rt, max: 1})
+		if len(r.msgs) != 1 {
+			return errors.New("the retry is not delivered yet")
+		}
+		retried = r.msgs[0]
+		return nil
+	})
+	if r := invoke(t, mc, sendBackReq("sched-g", retried.CommitLogOffset, 0)); r.Code != protocol.ResSuccess {
+		t.Fatalf("send back of the retry: %d %s", r.Code, r.Remark)
+	}
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if r := pull(t, sc, pullArgs{group: "sched-g", topic: dlq, max: 1}); len(r.msgs) != 1 || string(r.msgs[0].Body) != string(first.Body) {
+			return errors.New("the dead letter is not on the slave yet")
+		}
+		return nil
+	})
+	waitCaughtUp(t, p.master, p.slave)
+	sameQueues(t, p.master, p.slave, rt, 1)
+	sameQueues(t, p.master, p.slave, dlq, 1)
+
+	// Due while the master is gone: the slave does not deliver it.
+	onSlave(send(t, mc, "sched-t", 0, []byte("late"), props(protocol.PropDelayLevel, "1")))
+	shutdown(t, p.master)
+	time.Sleep(600 * time.Millisecond) // four times the delay: a slave that delivered would have
+	if r := pull(t, sc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 2 {
+		t.Fatalf("the slave's topic holds %d messages with its master gone, want the 2 the master delivered", len(r.msgs))
+	}
+}
