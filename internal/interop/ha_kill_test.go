@@ -270,12 +270,64 @@ func readAt(t *testing.T, conn *remoting.Conn, topic string, qo queueOffset, see
 // offsets, as runnel's source does) consume through every kill: the
 // official one receives every acknowledged message, runnel's reads each
 // queue's offsets in order without a gap or a repeat, from the slave while
-// the master is down. AsyncMaster: see haKillAsync.
+// the master is down. AsyncMaster: see haKillAsync; SlaveKill: see
+// haKillSlave.
 func TestHAKill9(t *testing.T) {
 	t.Parallel()
 	bin := buildRunnel(t, t.TempDir())
 	t.Run("SyncMaster", func(t *testing.T) { haKillSync(t, bin) })
 	t.Run("AsyncMaster", func(t *testing.T) { haKillAsync(t, bin) })
+	t.Run("SlaveKill", func(t *testing.T) { haKillSlave(t, bin) })
+}
+
+// haKillSlave: the slave of a SYNC_MASTER SIGKILLed under load from the
+// official producer and restarted, 3 times: it catches up with what the
+// master took meanwhile (the master's lag for it reaches 0), and every
+// message that got SEND_OK is on it at its queue offset.
+func haKillSlave(t *testing.T, bin string) {
+	tmp := t.TempDir()
+	hc := startHACluster(t, bin, tmp, "sync-master")
+	const topic, queues = "HAKillSlave", 2
+	rc, err := client.New(client.WithNameServers(hc.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := rc.CreateTopic(ctx, hc.master.fields["broker"], client.TopicConfig{TopicName: topic, ReadQueueNums: queues, WriteQueueNums: queues}); err != nil {
+		t.Fatal(err)
+	}
+	(&brokerEnv{nsAddr: hc.ns}).waitRoute(t, topic, queues)
+	hc.waitInSync(t)
+	stop := make(chan struct{})
+	got := startLoad(t, hc.ns, topic, "s", 4, stop)
+	for range 3 {
+		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond) // a random kill point, not synchronisation
+		hc.slave.kill9(t)
+		time.Sleep(time.Duration(100+rand.IntN(400)) * time.Millisecond) // load on the master alone
+		hc.slave = hc.slave.restart(t)
+		hc.waitInSync(t)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	acks := <-got
+	mc := dialTB(t, hc.master.fields["broker"])
+	waitUntil(t, 30*time.Second, "the restarted slave caught up", func() bool {
+		info := haStatus(t, mc)
+		return len(info.HAConnectionInfo) == 1 && info.HAConnectionInfo[0].Diff == 0
+	})
+	sc := dialTB(t, hc.slave.fields["broker"])
+	seen := map[queueOffset]string{}
+	for _, a := range acks {
+		if got := readAt(t, sc, topic, a.qo, seen); got != a.id {
+			t.Fatalf("acknowledged %s at queue %d offset %d; the restarted slave holds %q there", a.id, a.qo.queue, a.qo.offset, got)
+		}
+	}
+	if len(acks) == 0 {
+		t.Fatal("no message got SEND_OK")
+	}
+	t.Logf("3 slave kills under load: %d acknowledged, all on the slave once it caught up", len(acks))
 }
 
 func haKillSync(t *testing.T, bin string) {
