@@ -21,7 +21,7 @@
 #
 # Raw output goes to .bench/ (gitignored). Then it prints the benchstat
 # tables: runnel vs official side by side (-col /impl), the Java-peer
-# tables, and the rest.
+# tables, a SYNC_MASTER pair vs a single broker (-col /mode), and the rest.
 #
 # Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
 # benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
@@ -110,9 +110,14 @@ if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
 	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
 fi
 echo
-echo "### other benchmarks"
+echo "### SYNC_MASTER pair (base: a single broker, both sync flush), same run: BenchmarkBrokerHASend; target: the pair's msgs/s at least 70 % of the single broker's"
 echo
-benchstat -filter "-$paired -$peer" "runnel=$out/all.txt"
+ha='/mode:(single OR sync-pair)'
+benchstat -col /mode@'(single sync-pair)' -filter "$ha" "$out/root.txt"
+echo
+echo "### other benchmarks (BenchmarkBrokerHALag: replication lag at half the pair's max rate; target: lag-p99-ms at most 50)"
+echo
+benchstat -filter "-($paired OR $peer OR $ha)" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2
