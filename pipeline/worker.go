@@ -1035,8 +1035,12 @@ func (w *worker) runStandby(ctx context.Context, st *stageInfo, id scaleout.Task
 					w.log.Debug("standby caught up", "task", tl.Task, "checkpoint", at, "segments", rep.Applied, "snapshot", rep.FromSnapshot)
 				}
 			case ctx.Err() == nil:
+				// Retried after a second whether or not the chain
+				// changes again: an idle task publishes nothing more, and
+				// waiting for a change left the copy behind for good.
 				w.log.Warn("standby could not follow its task; retried", "task", tl.Task, "err", err)
 				_ = backoff.Sleep(ctx, time.Second)
+				continue
 			}
 		}
 		select {
