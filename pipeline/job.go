@@ -68,6 +68,7 @@ type jobConfig struct {
 	obs                jobObs // hooks.go
 	stateBuffer        int64
 	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
+	sp                 savepointConfig // savepoint.go
 	// RunWorker (worker.go)
 	ranges        int
 	workerGroup   string
@@ -350,6 +351,9 @@ func (j *Job) Run(ctx context.Context) error {
 		MetricsAddr:       j.cfg.obs.metricsAddr,
 		DiscoveryInterval: j.cfg.discoveryInterval,
 		Commit:            j.commitHook(),
+		KeepCheckpoints:   j.cfg.sp.keep,
+		RetainInterval:    j.cfg.sp.every,
+		RestoreFrom:       j.cfg.sp.restore,
 	})
 	if err != nil {
 		return err

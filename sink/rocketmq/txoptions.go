@@ -32,6 +32,7 @@ type txConfig struct {
 	hook           func(p Phase, epoch uint64)
 	producerOpts   []client.ProducerOption
 	faults         TxFaults
+	outputTopics   []string // WithOutputTopics (ahead.go)
 }
 
 func defaultTxConfig() txConfig {
