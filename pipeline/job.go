@@ -67,7 +67,7 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
-	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
+	startup            *time.Duration  // StartupTimeout (startup.go); nil: the default
 	sp                 savepointConfig // savepoint.go
 	// RunWorker (worker.go)
 	ranges        int

@@ -14,8 +14,8 @@ import (
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
-	"github.com/runnel-dev/runnel/state"
 	"github.com/runnel-dev/runnel/source/rocketmq"
+	"github.com/runnel-dev/runnel/state"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -198,4 +198,6 @@ func (c *runningCount) ProcessElement(ctx *pipeline.KeyedContext[string, wordcou
 	return ctx.Emit(wordcount.WordCount{Word: ctx.Key(), Count: n + 1})
 }
 
-func (c *runningCount) OnTimer(*pipeline.KeyedContext[string, wordcount.WordCount], pipeline.Timer) error { return nil }
+func (c *runningCount) OnTimer(*pipeline.KeyedContext[string, wordcount.WordCount], pipeline.Timer) error {
+	return nil
+}
