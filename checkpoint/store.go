@@ -135,6 +135,8 @@ type Store struct {
 	// batch is Commit's batch, reset and reused by the next (guarded by
 	// commitMu); nil before the first Commit.
 	batch *pebble.Batch
+	// compactions runs requested range compactions (compact.go).
+	compactions compactor
 }
 
 // Open opens (creating if needed) the store in dir. It reads only the format
@@ -354,6 +356,7 @@ func (s *Store) Close() error {
 	s.mu.closed = true
 	failed := s.mu.failed
 	s.mu.Unlock()
+	s.stopCompactions() // compact.go
 	if s.batch != nil {
 		_ = s.batch.Close() // an empty, reset batch: nothing to report
 		s.batch = nil
@@ -588,6 +591,7 @@ var errStopScan = errors.New("checkpoint: scan stopped")
 type StateIter struct {
 	it    *pebble.Iterator
 	hdr   int
+	lower []byte
 	valid bool
 }
 
@@ -605,9 +609,17 @@ func (r *StateReader) NewIter(keyGroup uint16, prefix []byte) (*StateIter, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: read state: %w", err)
 	}
-	si := &StateIter{it: it, hdr: len(lower) - len(prefix)}
+	si := &StateIter{it: it, hdr: len(lower) - len(prefix), lower: lower}
 	si.valid = it.First()
 	return si, nil
+}
+
+// SeekGE moves to the first entry whose key (without the operator and key
+// group) is at or after key, and reports whether there is one.
+func (si *StateIter) SeekGE(key []byte) bool {
+	k := append(si.lower[:si.hdr:si.hdr], key...)
+	si.valid = si.it.SeekGE(k)
+	return si.valid
 }
 
 // Valid reports whether the iterator is at an entry.
