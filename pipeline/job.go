@@ -68,7 +68,8 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
-	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
+	startup            *time.Duration  // StartupTimeout (startup.go); nil: the default
+	sp                 savepointConfig // savepoint.go
 	// RunWorker (worker.go)
 	ranges        int
 	workerGroup   string
@@ -339,6 +340,9 @@ func (j *Job) Run(ctx context.Context) error {
 		MetricsAddr:       j.cfg.obs.metricsAddr,
 		DiscoveryInterval: j.cfg.discoveryInterval,
 		Commit:            j.commitHook(),
+		KeepCheckpoints:   j.cfg.sp.keep,
+		RetainInterval:    j.cfg.sp.every,
+		RestoreFrom:       j.cfg.sp.restore,
 	})
 	if err != nil {
 		return err

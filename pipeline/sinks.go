@@ -118,6 +118,9 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 					data = append(data, pc.Data)
 				}
 			}
+			if err := checkRestore(ctx, r, uid, tpc, mine); err != nil { // savepoint.go
+				return err
+			}
 			if err := tpc.Recover(ctx, data); err != nil {
 				return fmt.Errorf("recover: %w", err)
 			}

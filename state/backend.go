@@ -36,6 +36,7 @@ type backendConfig struct {
 	kgStart, kgEnd int
 	bufferLimit    int64
 	cacheSize      int64
+	ttlSweep       int // ttlsweep.go
 }
 
 type backendOptionFunc func(*backendConfig)
@@ -115,6 +116,7 @@ type Backend struct {
 	rbuf   []byte            // committed reads
 	states map[string]string // name -> "kind=codec"
 	ttl    map[string]*stateConfig
+	sweep  ttlSweep // ttlsweep.go
 }
 
 // NewBackend returns the backend of operatorUID's subtask on store. It reads
@@ -129,7 +131,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 	if maxParallelism < 1 || maxParallelism > MaxMaxParallelism {
 		return nil, fmt.Errorf("%w: max parallelism %d (1..%d)", ErrInvalid, maxParallelism, MaxMaxParallelism)
 	}
-	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit, cacheSize: DefaultReadCacheSize}
+	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit, cacheSize: DefaultReadCacheSize, ttlSweep: DefaultTTLSweep}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -413,6 +415,7 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 		t.flush(b.cur)
 	}
 	b.timerBytes = 0
+	b.sweepTTL(id) // ttlsweep.go: expired committed entries, read or not
 	b.expireCurrent()
 	b.cur.id = id
 	b.frozen = append(b.frozen, b.cur)
@@ -467,6 +470,7 @@ func (b *Backend) Committed(id uint64) {
 	for _, l := range b.frozen[:n] {
 		b.cache.merge(l)
 	}
+	b.sweepCommitted(id) // ttlsweep.go
 	b.release(id)
 	if n > 0 && b.frozen[n-1].ents.len() <= maxLayerHint {
 		if b.lastID <= id {

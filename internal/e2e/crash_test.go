@@ -65,6 +65,7 @@ func crashChild() int {
 	if os.Getenv(envControl) != "" {
 		opts = append(opts, jobFaults(failpoint.Pipeline{OffsetsBeforeState: true})...)
 	}
+	opts = append(opts, savepointChildOptions()...) // savepoint_test.go
 	job := pipeline.New("crash-count", opts...)
 	gen := source.NewGenerator(crashSplits, crashPerSplit, func(split int, seq uint64) uint64 {
 		if seq%6 == 5 {

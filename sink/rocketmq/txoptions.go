@@ -33,6 +33,7 @@ type txConfig struct {
 	hook           func(p Phase, epoch uint64)
 	producerOpts   []client.ProducerOption
 	faults         failpoint.Tx
+	outputTopics   []string // WithOutputTopics (ahead.go)
 }
 
 func defaultTxConfig() txConfig {

@@ -235,6 +235,14 @@ type Config struct {
 	OnStatusAddr func(string)
 	// WorkerOptions are added to the workers' options (tests).
 	WorkerOptions []pipeline.JobOption
+	// Restore restores a single-process job from a retained checkpoint
+	// (its id) or a savepoint (its id or file) before it starts
+	// (pipeline.RestoreFrom); KeepCheckpoints retains copies of that many
+	// recent checkpoints (pipeline.RetainCheckpoints).
+	Restore         string
+	KeepCheckpoints int
+	// JobOptions are added to a single-process job's options (tests).
+	JobOptions []pipeline.JobOption
 }
 
 func (c *Config) logger() *slog.Logger {
@@ -301,6 +309,16 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 	if cfg.Parallelism > 0 {
 		jopts = append(jopts, pipeline.DefaultParallelism(cfg.Parallelism))
 	}
+	if cfg.StatusAddr != "" {
+		jopts = append(jopts, pipeline.StatusAddress(cfg.StatusAddr, cfg.OnStatusAddr))
+	}
+	if cfg.Restore != "" {
+		jopts = append(jopts, pipeline.RestoreFrom(cfg.Restore))
+	}
+	if cfg.KeepCheckpoints > 0 {
+		jopts = append(jopts, pipeline.RetainCheckpoints(cfg.KeepCheckpoints, 0))
+	}
+	jopts = append(jopts, cfg.JobOptions...)
 	job := pipeline.New(cfg.Group, jopts...)
 	Build(job, src, out, dlq)
 	return job.Run(ctx)
