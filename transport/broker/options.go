@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/acl"
@@ -79,6 +80,17 @@ const (
 	// then be lost as in a machine crash.
 	FlushAsync
 )
+
+// String returns "sync" or "async", the names `runnel broker --flush` takes.
+func (m FlushMode) String() string {
+	switch m {
+	case FlushSync:
+		return "sync"
+	case FlushAsync:
+		return "async"
+	}
+	return "FlushMode(" + strconv.Itoa(int(m)) + ")"
+}
 
 // Option configures New. Options are applied in order.
 type Option interface{ apply(*config) }
