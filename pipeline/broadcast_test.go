@@ -120,13 +120,12 @@ func TestBroadcastStateRestoredAfterRescale(t *testing.T) {
 	}
 	job, _ := keyedRulesJob(dir, 2, first, nil)
 	runTJob(t, job)
-	var more, want []string
+	var want []string
 	var moreRecs []tin
 	for _, k := range keys {
 		moreRecs = append(moreRecs, tin{"a", k, 2, "size"}, tin{"a", k, 2, "shape"})
 		want = append(want, k+"#2:size=xl/2", k+"#3:shape=none/2")
 	}
-	_ = more
 	job2, g := keyedRulesJob(dir, 3, first, moreRecs)
 	runTJob(t, job2)
 	equalStrings(t, "outputs after the restore", sortedCopy(g.all()), sortedCopy(want))
@@ -134,7 +133,9 @@ func TestBroadcastStateRestoredAfterRescale(t *testing.T) {
 
 // thresholdFn is a non-keyed broadcast function: events pass when their
 // value is in the broadcast allow list.
-type thresholdFn struct{ allow *pipeline.BroadcastMap[string, bool] }
+type thresholdFn struct {
+	allow *pipeline.BroadcastMap[string, bool]
+}
 
 func (f *thresholdFn) Open(ctx *pipeline.OpenContext) (err error) {
 	f.allow, err = pipeline.NewBroadcastMap(ctx, "allow", state.StringCodec(), pipeline.JSON[bool]())

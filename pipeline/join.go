@@ -147,12 +147,19 @@ func (ij *intervalJoin[K, A, B, OUT]) ProcessElement(ctx *KeyedContext[K, OUT], 
 		}
 		timer, ents = int64(binary.BigEndian.Uint64(raw)), raw[joinHeader:]
 	}
-	// Match against the other side's waiting records.
+	// Match against the other side's waiting records, and keep (in
+	// scratch) those that can still match a later record: the watermark
+	// prunes a busy key's records as they arrive, the cleanup timer a
+	// quiet key's.
 	lo, hi := satAddNs(ts, ij.lower), satAddNs(ts, ij.upper) // b.ts range for a first-input record
 	if e.Second {
 		lo, hi = satAddNs(ts, -ij.upper), satAddNs(ts, -ij.lower) // a.ts range for a second-input record
 	}
+	b := binary.BigEndian.AppendUint64(ij.scratch[:0], 0)
 	err = joinEntries(ents, func(second bool, ots int64, rec []byte) error {
+		if ij.cleanup(second, ots) > wm {
+			b = appendJoinEntry(b, second, ots, rec)
+		}
 		if second == e.Second || ots < lo || ots > hi {
 			return nil
 		}
@@ -177,32 +184,55 @@ func (ij *intervalJoin[K, A, B, OUT]) ProcessElement(ctx *KeyedContext[K, OUT], 
 		ctx.out.out++
 		return ctx.emit(ctx.ctx, out, max(ts, ots))
 	})
+	ij.scratch = b
 	if err != nil {
 		return err
 	}
-	ct := ij.cleanup(e.Second, ts)
-	if ct <= wm {
-		return nil // nothing later can match it
-	}
-	if e.Second {
-		ij.rec, err = ij.cb.Append(ij.rec[:0], e.B)
-	} else {
-		ij.rec, err = ij.ca.Append(ij.rec[:0], e.A)
-	}
-	if err != nil {
-		return fmt.Errorf("pipeline: interval join: encode record: %w", err)
-	}
-	if timer == math.MinInt64 || ct < timer {
-		if err := ctx.timers.Register(state.EventTime, ct); err != nil {
-			return err
+	if ct := ij.cleanup(e.Second, ts); ct > wm {
+		if e.Second {
+			ij.rec, err = ij.cb.Append(ij.rec[:0], e.B)
+		} else {
+			ij.rec, err = ij.ca.Append(ij.rec[:0], e.A)
 		}
-		timer = ct
+		if err != nil {
+			return fmt.Errorf("pipeline: interval join: encode record: %w", err)
+		}
+		b = appendJoinEntry(b, e.Second, ts, ij.rec)
+		ij.scratch = b
+		if timer == math.MinInt64 {
+			timer = cleanupSlot(ct)
+			if err := ctx.timers.Register(state.EventTime, timer); err != nil {
+				return err
+			}
+		}
 	}
-	b := binary.BigEndian.AppendUint64(ij.scratch[:0], uint64(timer))
-	b = append(b, ents...)
-	b = appendJoinEntry(b, e.Second, ts, ij.rec)
-	ij.scratch = b
+	if len(b) == joinHeader {
+		if !ok {
+			return nil
+		}
+		return ij.buf.Clear() // the key's timer finds nothing
+	}
+	binary.BigEndian.PutUint64(b, uint64(timer))
 	return ij.buf.Set(b)
+}
+
+// joinCleanupEvery is the granularity of the cleanup timers: a key has at
+// most one, at a multiple of it, so that a busy key needs a timer per
+// joinCleanupEvery of event time rather than per record. A quiet key's
+// records stay at most that long after they can no longer match.
+const joinCleanupEvery = int64(time.Second)
+
+// cleanupSlot is the cleanup timer's time for a record that can no longer
+// match once the watermark reaches ct.
+func cleanupSlot(ct int64) int64 {
+	r := ct % joinCleanupEvery
+	if r < 0 {
+		r += joinCleanupEvery
+	}
+	if r == 0 {
+		return ct
+	}
+	return satAddNs(ct, joinCleanupEvery-r)
 }
 
 func (ij *intervalJoin[K, A, B, OUT]) OnTimer(ctx *KeyedContext[K, OUT], t Timer) error {
@@ -213,19 +243,20 @@ func (ij *intervalJoin[K, A, B, OUT]) OnTimer(ctx *KeyedContext[K, OUT], t Timer
 	if len(raw) < joinHeader {
 		return errJoinCorrupt
 	}
+	if int64(binary.BigEndian.Uint64(raw)) != t.Time.UnixNano() {
+		return nil // not the key's current timer (it was cleared and set again)
+	}
 	// Everything at or behind the watermark can no longer match (the
 	// watermark may be past the firing timer's time).
 	now := max(t.Time.UnixNano(), ctx.wm)
 	b := binary.BigEndian.AppendUint64(ij.scratch[:0], 0)
-	next := int64(math.MaxInt64)
-	kept := 0
+	last := int64(math.MinInt64)
 	err = joinEntries(raw[joinHeader:], func(second bool, ts int64, rec []byte) error {
 		ct := ij.cleanup(second, ts)
 		if ct <= now {
 			return nil
 		}
-		next = min(next, ct)
-		kept++
+		last = max(last, ct)
 		b = appendJoinEntry(b, second, ts, rec)
 		return nil
 	})
@@ -233,14 +264,13 @@ func (ij *intervalJoin[K, A, B, OUT]) OnTimer(ctx *KeyedContext[K, OUT], t Timer
 	if err != nil {
 		return err
 	}
-	if kept == 0 {
+	if len(b) == joinHeader {
 		return ij.buf.Clear()
 	}
-	binary.BigEndian.PutUint64(b, uint64(next))
-	if !ctx.timers.Has(state.EventTime, next) {
-		if err := ctx.timers.Register(state.EventTime, next); err != nil {
-			return err
-		}
+	next := cleanupSlot(last)
+	if err := ctx.timers.Register(state.EventTime, next); err != nil {
+		return err
 	}
+	binary.BigEndian.PutUint64(b, uint64(next))
 	return ij.buf.Set(b)
 }

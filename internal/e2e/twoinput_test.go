@@ -115,8 +115,8 @@ func twoInputJob(job *pipeline.Job, kind string, throttle bool) *pipeline.Stream
 			return gen
 		}
 		return func(split int, seq uint64) sideRec {
-			if seq%4 == 3 {
-				time.Sleep(time.Millisecond)
+			if seq%2 == 1 {
+				time.Sleep(time.Millisecond) // about 2 s per full run
 			}
 			return gen(split, seq)
 		}
