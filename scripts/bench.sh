@@ -109,10 +109,17 @@ if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
 	echo
 	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
 fi
+ijoin='.name:IntervalJoin' # pipeline's BenchmarkIntervalJoin: the interval join next to a keyed count
+if grep -q '^BenchmarkIntervalJoin/' "$out/root.txt"; then
+	echo
+	echo "### IntervalJoin vs keyed count (base), same input volume, same run (issue 26's target: >= 50 % of keyed count's records/s)"
+	echo
+	benchstat -col /kind@'(keyed-count interval-join)' -filter "$ijoin" "$out/root.txt"
+fi
 echo
 echo "### other benchmarks"
 echo
-benchstat -filter "-$paired -$peer" "runnel=$out/all.txt"
+benchstat -filter "-$paired -$peer -$ijoin" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2
