@@ -45,7 +45,9 @@ func (f *coCountFn) ProcessElement2(ctx *pipeline.KeyedContext[string, keyCount]
 	return f.add(ctx)
 }
 
-func (f *coCountFn) OnTimer(*pipeline.KeyedContext[string, keyCount], pipeline.Timer) error { return nil }
+func (f *coCountFn) OnTimer(*pipeline.KeyedContext[string, keyCount], pipeline.Timer) error {
+	return nil
+}
 
 // TestWorkerKeyedConnect: a keyed two-input operator on two workers: both
 // topics' source stages write to the operator's repartition topic, and
