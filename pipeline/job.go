@@ -286,6 +286,9 @@ type node struct {
 	// binder is the node's source or sink when it implements
 	// jobinfo.Binder (bind.go).
 	binder jobinfo.Binder
+	// broadcast marks an operator with a broadcast input (broadcast.go):
+	// RunWorker refuses it.
+	broadcast bool
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {

@@ -282,6 +282,11 @@ func newWorker(ctx context.Context, c *client.Client, name string, build func(*J
 // plan finds the job's stages and their layouts and makes sure the job's
 // topics exist.
 func (w *worker) plan(ctx context.Context, tmpl *Job) error {
+	for _, n := range tmpl.nodes {
+		if n.broadcast {
+			return fmt.Errorf("%w: operator %q: %w", ErrInvalidGraph, n.uid, ErrBroadcastScaleout) // broadcast.go
+		}
+	}
 	heads := tmpl.stageHeads()
 	for _, h := range heads {
 		st := &stageInfo{head: h.uid, keyed: h.kind != kindSource}

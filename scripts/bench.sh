@@ -109,6 +109,13 @@ if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
 	echo
 	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
 fi
+ijoin='.name:IntervalJoin' # pipeline's BenchmarkIntervalJoin: the interval join next to a keyed count
+if grep -q '^BenchmarkIntervalJoin/' "$out/root.txt"; then
+	echo
+	echo "### IntervalJoin vs keyed count (base), same input volume, same run (issue 26's target: >= 50 % of keyed count's records/s)"
+	echo
+	benchstat -col /kind@'(keyed-count interval-join)' -filter "$ijoin" "$out/root.txt"
+fi
 echo
 echo "### SYNC_MASTER pair (base: a single broker, both sync flush), same run: BenchmarkBrokerHASend; target: the pair's msgs/s at least 70 % of the single broker's"
 echo
@@ -117,7 +124,7 @@ benchstat -col /mode@'(single sync-pair)' -filter "$ha" "$out/root.txt"
 echo
 echo "### other benchmarks (BenchmarkBrokerHALag: replication lag at half the pair's max rate; target: lag-p99-ms at most 50)"
 echo
-benchstat -filter "-($paired OR $peer OR $ha)" "runnel=$out/all.txt"
+benchstat -filter "-($paired OR $peer OR $ha OR $ijoin)" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2

@@ -187,6 +187,14 @@ func (b *Backend) CurrentKey() []byte { return b.key }
 // CurrentKeyGroup returns the current key's key group.
 func (b *Backend) CurrentKeyGroup() uint16 { return b.kg }
 
+// ClearCurrentKey leaves the backend without a current key: until the next
+// SetCurrentKey, handles and timers return ErrNoCurrentKey (a broadcast
+// record's function has no key).
+func (b *Backend) ClearCurrentKey() {
+	b.hasKey = false
+	b.epoch++
+}
+
 // register records a state name; names are unique per backend.
 func (b *Backend) register(name, kind, codecID string, cfg *stateConfig) ([]byte, error) {
 	if name == "" || len(name) > MaxNameLen {
