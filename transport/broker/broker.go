@@ -164,6 +164,8 @@ type Broker struct {
 	stats brokerStats // stats.go
 	tx    *transactions
 	live  liveConfig // processor_config.go
+	// filters caches compiled SQL92 selectors (filter.go).
+	filters exprCache
 
 	topics topicTable
 	groups groupTable

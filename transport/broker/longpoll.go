@@ -76,6 +76,7 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 		return parkClosed
 	}
 	p.rc.Defer()
+	from := max(p.h.QueueOffset, p.scanFrom) // p is the run loop's once registered
 	p.deadline = time.Now().Add(d)
 	lp.mu.byQueue[p.key] = append(lp.mu.byQueue[p.key], p)
 	heap.Push(&lp.mu.byTime, p)
@@ -87,7 +88,7 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 	}
 	// A message stored between the lookup and the registration above
 	// notified nobody: check once more.
-	if maxOff, err := lp.b.store.MaxOffset(p.key.topic, p.key.queue); err == nil && maxOff > p.h.QueueOffset {
+	if maxOff, err := lp.b.store.MaxOffset(p.key.topic, p.key.queue); err == nil && maxOff > from {
 		lp.notify(p.key.topic, p.key.queue, maxOff)
 	}
 	return parked
@@ -109,7 +110,7 @@ func (lp *longPoll) notify(topic string, queue int32, maxOffset int64) {
 	keep := list[:0]
 	woke := false
 	for _, p := range list {
-		if p.h.QueueOffset < maxOffset {
+		if max(p.h.QueueOffset, p.scanFrom) < maxOffset {
 			lp.removeTimedLocked(p)
 			lp.mu.ready = append(lp.mu.ready, p)
 			woke = true

@@ -115,6 +115,7 @@ type config struct {
 	nsTLS            *tls.Config      // dials name servers over TLS when set
 	sub              subsystemConfig
 	tx               txConfig
+	filter           filterConfig // filter.go
 	diskHighWater    float64
 	maxBatchMsgs     int
 	maxBatchBytes    int
