@@ -296,8 +296,8 @@ func TestSQL92JavaRules(t *testing.T) {
 		{"a = 3.0", p(s("a", "3f")), wTrue},
 		{"a > 1.5", p(s("a", "Infinity")), wTrue},
 		{"a > 1.5", p(s("a", "inf")), wError},
-		{"a > 1", p(s("a", "3000000000")), wError},         // Integer.valueOf overflows
-		{"a > 3000000000", p(s("a", "3000000001")), wTrue}, // a Long literal
+		{"a > 1", p(s("a", "3000000000")), wError},          // Integer.valueOf overflows
+		{"a > 3000000000", p(s("a", "3000000001")), wTrue},  // a Long literal
 		{"a > 2147483647", p(s("a", "2147483648")), wError}, // an Integer literal: Integer.valueOf
 		{"a = 'x'", p(s("a", "x")), wTrue},
 		{"a <> 'x'", p(s("a", "y")), wTrue},
