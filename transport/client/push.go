@@ -253,7 +253,9 @@ func WithPullThresholds(msgs int, bytes int64, span int64) GroupOption {
 
 // WithConsumeBatchSize sets the most messages a handler call gets
 // (DefaultConsumeBatchSize, 1).
-func WithConsumeBatchSize(n int) GroupOption { return pushOption(func(p *pushConfig) { p.batchMax = n }) }
+func WithConsumeBatchSize(n int) GroupOption {
+	return pushOption(func(p *pushConfig) { p.batchMax = n })
+}
 
 // WithConsumeWorkers sets how many handler calls run at once
 // (DefaultConsumeWorkers, 20): the size of the worker pool.
@@ -339,20 +341,20 @@ type PushConsumer struct {
 
 	// runCtx ends when the consumer stops pulling; handlerCtx when
 	// handler calls must end (a Shutdown whose ctx ended, Close).
-	runCtx        context.Context
-	stopRun       context.CancelFunc
-	handlerCtx    context.Context
-	stopHandlers  context.CancelFunc
-	workersQuit   chan struct{} // closed to stop the workers
-	work          chan consumeBatch
-	ready         readyQueues // orderly: queues with messages to consume
-	later         delayQueue
-	wg            sync.WaitGroup // every goroutine of the consumer
-	outstanding   atomic.Int64   // batches handed out and not finished
-	workers       []*pushWorker
-	shutdownOnce  sync.Once
-	shutdownErr   error
-	life          sync.Mutex // serialises Start and Shutdown
+	runCtx       context.Context
+	stopRun      context.CancelFunc
+	handlerCtx   context.Context
+	stopHandlers context.CancelFunc
+	workersQuit  chan struct{} // closed to stop the workers
+	work         chan consumeBatch
+	ready        readyQueues // orderly: queues with messages to consume
+	later        delayQueue
+	wg           sync.WaitGroup // every goroutine of the consumer
+	outstanding  atomic.Int64   // batches handed out and not finished
+	workers      []*pushWorker
+	shutdownOnce sync.Once
+	shutdownErr  error
+	life         sync.Mutex // serialises Start and Shutdown
 
 	mu struct {
 		sync.Mutex
