@@ -640,3 +640,132 @@ func TestPushSQL92Refused(t *testing.T) {
 		t.Errorf("Start against a broker without property filtering: %v, want SYSTEM_ERROR", err)
 	}
 }
+
+// TestSendBackPull sends back a pulled message with GroupConsumer.SendBack:
+// it comes again through %RETRY%<group> with its reconsume count and
+// RETRY_TOPIC, after the broker's delay; past WithMaxReconsumeTimes it
+// goes to the DLQ instead.
+func TestSendBackPull(t *testing.T) {
+	gcl := startGroupCluster(t, 1, shortDelays())
+	c := gcl.client(t)
+	qs := gcl.createTopic(t, c, "SB", 1)
+	p, err := NewProducer(c, "pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sendN(t, p, "SB", 0, 1, nil)
+	g, err := NewGroupConsumer(c, "GSB", WithMaxReconsumeTimes(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Subscribe("SB", "*"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Pull(ctx, PullRequest{Queue: qs[0], Offset: 0, Group: "GSB"})
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("pull: %v %+v", err, res)
+	}
+	if err := g.SendBack(ctx, &res.Messages[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	var back []protocol.MessageExt
+	groupCheckFor(t, 10*time.Second, func() error {
+		var err error
+		back, err = pullTopic(ctx, c, RetryTopic("GSB"))
+		if err == nil && len(back) != 1 {
+			err = fmt.Errorf("%d in the retry topic", len(back))
+		}
+		return err
+	})
+	m := back[0]
+	if rt, _ := m.Property(protocol.PropRetryTopic); rt != "SB" || m.ReconsumeTimes != 1 {
+		t.Errorf("retried message: RETRY_TOPIC %q reconsume %d", rt, m.ReconsumeTimes)
+	}
+	// Its second failure is past the limit of 1: dead-lettered.
+	if err := g.SendBack(ctx, &m, 0); err != nil {
+		t.Fatal(err)
+	}
+	groupCheckFor(t, 10*time.Second, func() error {
+		dlq, err := pullTopic(ctx, c, DLQTopic("GSB"))
+		if err == nil && len(dlq) != 1 {
+			err = fmt.Errorf("%d in the DLQ", len(dlq))
+		}
+		return err
+	})
+}
+
+type traceKey struct{}
+
+// traceHook is a HookConsume and HookConsumed that puts the message's
+// "trace" property in its context.
+type traceHook struct {
+	mu       sync.Mutex
+	consumed map[string]ConsumeResult
+}
+
+func (h *traceHook) OnConsume(ctx context.Context, _ string, m *protocol.MessageExt) context.Context {
+	v, _ := m.Property("trace")
+	return context.WithValue(ctx, traceKey{}, v)
+}
+
+func (h *traceHook) OnConsumed(ctx context.Context, _ string, m *protocol.MessageExt, r ConsumeResult, _ time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.consumed[ctx.Value(traceKey{}).(string)] = r
+}
+
+// TestPushHooksAndShutdown: each message's Context carries what the
+// consume hook took from it; Shutdown waits for a handler call in
+// progress, whose message is then committed (not consumed again by the
+// next consumer of the group).
+func TestPushHooksAndShutdown(t *testing.T) {
+	gcl := startGroupCluster(t, 1)
+	hook := &traceHook{consumed: map[string]ConsumeResult{}}
+	c, err := New(WithNameServers(gcl.ns.Addr()), WithHooks(hook), WithLogger(groupTestLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	qs := gcl.createTopic(t, c, "PH", 1)
+	p, err := NewProducer(c, "pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	started := make(chan struct{}, 10)
+	var traces sync.Map
+	pc := newPushConsumer(t, c, "GH", ConcurrentHandler(func(ctx context.Context, msgs []*ConsumedMessage) error {
+		for _, m := range msgs {
+			traces.Store(m.Context().Value(traceKey{}), true)
+		}
+		started <- struct{}{}
+		time.Sleep(300 * time.Millisecond) // still running when Shutdown begins
+		return nil
+	}), WithConsumeFrom(ConsumeFromFirst))
+	startPush(t, pc, "PH", ByTag("*"))
+	sendN(t, p, "PH", 0, 1, func(int) map[string]string { return map[string]string{"trace": "t-0"} })
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pc.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := traces.Load("t-0"); !ok {
+		t.Error("the message's context lacks the hook's value")
+	}
+	hook.mu.Lock()
+	if r, ok := hook.consumed["t-0"]; !ok || r != ConsumeSuccess {
+		t.Errorf("HookConsumed saw %v %v", r, ok)
+	}
+	hook.mu.Unlock()
+	if off, err := c.QueryConsumerOffset(ctx, "GH", qs[0]); err != nil || off != 1 {
+		t.Errorf("committed offset after Shutdown: %d %v, want 1", off, err)
+	}
+}
