@@ -361,7 +361,9 @@ func (b *QueryAssignmentRequestBody) Decode(body []byte) error {
 }
 
 // Encode returns the body as JSON.
-func (b *QueryAssignmentRequestBody) Encode() ([]byte, error) { return encodeBody("query assignment", b) }
+func (b *QueryAssignmentRequestBody) Encode() ([]byte, error) {
+	return encodeBody("query assignment", b)
+}
 
 // MessageQueueAssignment is a queue assigned by QUERY_ASSIGNMENT and how to
 // consume it (PULL or POP; queue id -1 = pop every queue of the broker).
