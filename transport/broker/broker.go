@@ -166,6 +166,8 @@ type Broker struct {
 	live  liveConfig // processor_config.go
 	// filters caches compiled SQL92 selectors (filter.go).
 	filters exprCache
+	// pop serves the POP family (pop.go); set by New.
+	pop *popService
 
 	topics topicTable
 	groups groupTable

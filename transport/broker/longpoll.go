@@ -97,6 +97,9 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 // notify is the store's Notify hook: the queue's max offset is now
 // maxOffset. It must not block (it runs on the store's committer).
 func (lp *longPoll) notify(topic string, queue int32, maxOffset int64) {
+	if p := lp.b.pop; p != nil {
+		p.notifyArrival(topic, queue) // pop_wait.go: parked POP requests
+	}
 	if lp.count.Load() == 0 {
 		return
 	}
@@ -159,6 +162,9 @@ func (lp *longPoll) removeQueuedLocked(p *pullReq) {
 
 // dropConn forgets the waiters of a closed connection (nobody to answer).
 func (lp *longPoll) dropConn(sc *remoting.ServerConn) {
+	if p := lp.b.pop; p != nil {
+		p.waiters.dropConn(sc)
+	}
 	lp.mu.Lock()
 	defer lp.mu.Unlock()
 	for i := 0; i < len(lp.mu.byTime); {
@@ -176,6 +182,9 @@ func (lp *longPoll) dropConn(sc *remoting.ServerConn) {
 // answered now (graceful shutdown); without, waiters are dropped (their
 // connections are being closed).
 func (lp *longPoll) close(answer bool) {
+	if p := lp.b.pop; p != nil {
+		p.waiters.close(answer)
+	}
 	lp.mu.Lock()
 	lp.mu.closed = true
 	all := append(lp.mu.ready, lp.mu.byTime...)

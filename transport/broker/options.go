@@ -116,6 +116,7 @@ type config struct {
 	sub              subsystemConfig
 	tx               txConfig
 	filter           filterConfig // filter.go
+	pop              popConfig    // pop.go
 	diskHighWater    float64
 	maxBatchMsgs     int
 	maxBatchBytes    int
