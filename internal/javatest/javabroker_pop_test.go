@@ -1,9 +1,11 @@
 package javatest
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,5 +131,78 @@ func TestJavaBrokerPop(t *testing.T) {
 	next, err := cl.Pop(ctx, req)
 	if err != nil || len(next.Messages) == 0 || next.Messages[0].QueueOffset != first.Messages[len(first.Messages)-1].QueueOffset+1 {
 		t.Fatalf("orderly pop after the acks: %v %v (first batch %v)", next, err, fb)
+	}
+}
+
+// TestJavaBrokerPopConsumer runs runnel's PopConsumer against Apache
+// RocketMQ 5.3.3's broker: every message consumed once, and one failed
+// once back (CHANGE_MESSAGE_INVISIBLETIME, revived by the Java broker
+// through its pop retry topic) with reconsume times 1.
+func TestJavaBrokerPopConsumer(t *testing.T) {
+	_, c := javaCluster(t, javapeer.Version5)
+	awaitRegistered(t, c)
+	ctx := bg(t, 2*time.Minute)
+	cl := newJavaClient(t, c)
+	topic, group := uniqueName(t, "popc"), uniqueName(t, "g")
+	qs := createJavaTopic(t, cl, c, topic, 2)
+	p := newJavaProducer(t, cl, uniqueName(t, "pg"))
+	const n = 20
+	var mu sync.Mutex
+	ok := map[int]int{}
+	var failedAt []int32
+	h := client.ConcurrentHandler(func(_ context.Context, msgs []*client.ConsumedMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range msgs {
+			i, _ := strconv.Atoi(string(m.Body))
+			if i == 3 && m.ReconsumeTimes == 0 {
+				failedAt = append(failedAt, m.ReconsumeTimes)
+				m.Result = client.ConsumeRetryLater
+				continue
+			}
+			if i == 3 && m.ReconsumeTimes != 1 {
+				t.Errorf("message 3 came back with reconsume times %d", m.ReconsumeTimes)
+			}
+			ok[i]++
+		}
+		return nil
+	})
+	pc, err := client.NewPopConsumer(cl, group, h, client.WithPopFromFirst(), client.WithPopRetryDelays(time.Second),
+		client.WithPopPollTime(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	if err := pc.Subscribe(topic, client.ByTag("*")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := p.Send(ctx, &client.Message{Topic: topic, Body: []byte(strconv.Itoa(i)), Queue: &qs[i%2]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ok) < n {
+			return fmt.Errorf("consumed %d of %d", len(ok), n)
+		}
+		return nil
+	})
+	if err := pc.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if ok[i] != 1 {
+			t.Errorf("message %d consumed %d times", i, ok[i])
+		}
+	}
+	if len(failedAt) != 1 {
+		t.Errorf("message 3 failed %d times, want once", len(failedAt))
 	}
 }
