@@ -170,4 +170,3 @@ func startOfficialPush(b *testing.B, env *brokerEnv, group, topic string, orderl
 		}
 	}
 }
-
