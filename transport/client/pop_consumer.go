@@ -119,7 +119,9 @@ func WithPopPollTime(d time.Duration) PopOption {
 
 // WithPopWorkers sets the concurrent handler's workers
 // (DefaultConsumeWorkers).
-func WithPopWorkers(n int) PopOption { return popOptionFunc(func(c *popConsumerConfig) { c.workers = n }) }
+func WithPopWorkers(n int) PopOption {
+	return popOptionFunc(func(c *popConsumerConfig) { c.workers = n })
+}
 
 // WithPopConsumeBatchSize sets the most messages per concurrent handler
 // call (DefaultConsumeBatchSize).
@@ -155,7 +157,9 @@ func WithPopRouteInterval(d time.Duration) PopOption {
 
 // WithPopFromFirst makes a group without an offset start at the queues'
 // first messages (ConsumeInitMode MIN) instead of their end.
-func WithPopFromFirst() PopOption { return popOptionFunc(func(c *popConsumerConfig) { c.fromFirst = true }) }
+func WithPopFromFirst() PopOption {
+	return popOptionFunc(func(c *popConsumerConfig) { c.fromFirst = true })
+}
 
 // popDelayLevels is Java's DefaultMQPushConsumerImpl.popDelayLevel (s).
 var popDelayLevels = []int{10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200}
