@@ -127,6 +127,8 @@ type config struct {
 	nsTLS            *tls.Config      // dials name servers over TLS when set
 	sub              subsystemConfig
 	tx               txConfig
+	filter           filterConfig // filter.go
+	pop              popConfig    // pop.go
 	diskHighWater    float64
 	maxBatchMsgs     int
 	maxBatchBytes    int
