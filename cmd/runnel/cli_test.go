@@ -450,7 +450,7 @@ func TestCheckpointCommands(t *testing.T) {
 	mustMatch(t, out, `(?m)^  lines +broker-\S+/0 +100 +0 +-100$`, `(?m)^dry run: 2 of 2 splits would change; nothing written$`)
 	sizes := regexp.MustCompile(`(latest +)\d+`) // the store's files change size when opened
 	if got := e.ok("", "checkpoint", "list", dir); sizes.ReplaceAllString(got, "$1N") != sizes.ReplaceAllString(list, "$1N") {
-		t.Fatalf("dry run changed the checkpoints:\n%s", got)
+		t.Fatalf("dry run changed the checkpoints:\n%s\nbefore:\n%s", got, list)
 	}
 	// To an offset (clamped to the queue), to a time before and after.
 	mustMatch(t, e.ok("", "checkpoint", "reset-offsets", dir, "--topic", topic, "--to-offset", "1000", "--dry-run", ns), `(?m)^  lines +broker-\S+/1 +100 +100 +=$`)
