@@ -42,12 +42,6 @@ func Validate(on bool) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.validate = &on })
 }
 
-// Watermarks is BoundedOutOfOrderness (the same option under its first
-// name).
-func Watermarks(maxOutOfOrder time.Duration) SourceOption {
-	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
-}
-
 // NoWatermarks disables the source's watermarks (event-time timers then
 // fire only when the input ends).
 func NoWatermarks() SourceOption { return sourceOptionFunc(func(c *sourceConfig) { c.noWM = true }) }

@@ -15,7 +15,7 @@ import (
 // first input, V 2 the second. Both then reach the join from one task, in
 // the script's order.
 func joinInputs(job *pipeline.Job, in []ev, ooo time.Duration) *pipeline.KeyedConnectedStreams[string, ev, ev] {
-	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.Watermarks(ooo))
+	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.BoundedOutOfOrderness(ooo))
 	side := func(v int64) func(context.Context, ev) (bool, error) {
 		return func(_ context.Context, e ev) (bool, error) { return e.V == v, nil }
 	}
