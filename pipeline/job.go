@@ -157,6 +157,10 @@ type Faults struct {
 	// BEFORE their last processed batch, so checkpointed state runs ahead of
 	// checkpointed offsets and a restore processes some records twice.
 	OffsetsBeforeState bool
+	// AsyncDropInFlight makes async I/O operators checkpoint no requests
+	// in flight, so a restore loses the records whose results were not
+	// emitted before the checkpoint's barrier.
+	AsyncDropInFlight bool
 }
 
 // InjectFaults enables test-only faults (see Faults).
@@ -409,6 +413,7 @@ func (j *Job) fingerprint() checkpoint.Fingerprint {
 			fp.Operators = append(fp.Operators, checkpoint.OperatorInfo{UID: n.uid, Kind: n.kind, Codecs: n.codecs})
 		}
 	}
+	fp.Operators = append(fp.Operators, j.stateOperators()...) // rebalance.go
 	return fp
 }
 
