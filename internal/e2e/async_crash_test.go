@@ -349,4 +349,3 @@ func TestE2EAsyncCrashControl(t *testing.T) {
 	}
 	t.Logf("control run failed the check as it must: %d keys differ (%s)", n, ex)
 }
-
