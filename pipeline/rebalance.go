@@ -142,6 +142,13 @@ type stageEnv struct {
 	state  *OperatorStateStore // opstate.go
 }
 
+// stageQueueLen is the number of messages buffered per (sender, subtask)
+// pair of a parallel stage (queueLen elsewhere): a sender deals its
+// batches over all the subtasks, so each pair sees a fraction of its
+// output, and a deeper queue keeps CPU-bound subtasks from running dry
+// between two wake-ups of their sender.
+const stageQueueLen = 4 * queueLen
+
 // srec is a record on a channel to a parallel stage's subtask.
 type srec[T any] struct {
 	v  T
@@ -231,6 +238,9 @@ func parallelStage[T, U any](s *Stream[T], uid, kind string, opts []OperatorOpti
 		ins = make([]*inbox[srec[T]], n.parallelism)
 		for i := range ins {
 			ins[i] = newInbox[srec[T]](n.senders, pool)
+			for s := range ins[i].mu.q {
+				ins[i].mu.q[s].buf = make([]message[srec[T]], stageQueueLen)
+			}
 		}
 		return nil
 	}

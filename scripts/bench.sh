@@ -109,10 +109,23 @@ if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
 	echo
 	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
 fi
+# pipeline's parallel stages: Rebalance next to the same job without it,
+# async I/O next to its bound (capacity / latency; the %bound column).
+stages='.name:(RebalanceCPU OR AsyncIO)'
+if grep -q -e '^BenchmarkRebalanceCPU/' -e '^BenchmarkAsyncIO/' "$out/root.txt"; then
+	echo
+	echo "### Rebalance() of a CPU-bound map after a 1-queue source (base: the same job without Rebalance), same run"
+	echo
+	benchstat -col /job@'(chained rebalance)' -filter '.name:RebalanceCPU' "$out/root.txt"
+	echo
+	echo "### async I/O, capacity 100, service latency 5 ms: req/s next to the bound of 20,000 (%bound), same run"
+	echo
+	benchstat -col /service -filter '.name:AsyncIO' "$out/root.txt"
+fi
 echo
 echo "### other benchmarks"
 echo
-benchstat -filter "-$paired -$peer" "runnel=$out/all.txt"
+benchstat -filter "-$paired -$peer -$stages" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2
