@@ -166,7 +166,7 @@ func AsyncRetryIf(retryable func(error) bool) OperatorOption {
 
 // OrderedWait calls fn for every record of s, up to AsyncCapacity at once
 // per subtask, and emits the results in input order. Parallelism (default
-// DefaultParallelism) subtasks are fed round robin. Options: Parallelism,
+// DefaultParallelism) subtasks are fed as by Rebalance. Options: Parallelism,
 // AsyncCapacity, AsyncTimeout, Retry, AsyncRetryIf, OnError, and
 // StateCodec[T] for the records stored with checkpoints (default JSON).
 // It runs in one process (see ErrSingleProcessOnly).

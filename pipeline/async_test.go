@@ -21,14 +21,18 @@ import (
 // chunks is a one-split source that returns one chunk per Poll, each
 // record's event time being its value in milliseconds: the source task
 // emits a watermark after every chunk.
-type chunks struct{ c [][]int }
+type chunks struct {
+	c [][]int
+	// before, when set, runs before Poll returns chunk i.
+	before func(i int)
+}
 
 func (s *chunks) Splits(context.Context) ([]source.Split, error) {
 	return []source.Split{{ID: "0"}}, nil
 }
 
 func (s *chunks) Open(_ context.Context, _ source.Split, off []byte) (source.SplitReader[int], error) {
-	r := &chunkReader{c: s.c}
+	r := &chunkReader{c: s.c, before: s.before}
 	if len(off) == 8 {
 		r.i = int(binary.BigEndian.Uint64(off))
 	}
@@ -36,13 +40,17 @@ func (s *chunks) Open(_ context.Context, _ source.Split, off []byte) (source.Spl
 }
 
 type chunkReader struct {
-	c [][]int
-	i int
+	c      [][]int
+	i      int
+	before func(i int)
 }
 
 func (r *chunkReader) Poll(context.Context, int) ([]source.Record[int], error) {
 	if r.i >= len(r.c) {
 		return nil, source.ErrEndOfSplit
+	}
+	if r.before != nil {
+		r.before(r.i)
 	}
 	var out []source.Record[int]
 	for _, v := range r.c[r.i] {

@@ -386,8 +386,7 @@ func (c *ProcessContext[U]) Emit(v U) error {
 }
 
 // ProcessStream runs a ProcessFunc (one per subtask, from newFn) on s, in
-// Parallelism subtasks (default DefaultParallelism) fed round robin as by
-// Rebalance. Its operator state is checkpointed under uid and
+// Parallelism subtasks (default DefaultParallelism) fed as by Rebalance. Its operator state is checkpointed under uid and
 // redistributed on a restore with another parallelism (see
 // NewListState, NewUnionListState). It runs in one process (see
 // ErrSingleProcessOnly).

@@ -63,7 +63,8 @@ func TestOperatorStateRedistribution(t *testing.T) {
 		got := map[int]restoredLists{}
 		var snaps atomic.Int64
 		job := pipeline.New("opstate", pipeline.CheckpointDir(dir))
-		src := pipeline.FromSource(job, "src", source.NewSlice(seq(0, 30), 1))
+		// One batch per chunk, dealt to subtasks 0, 1, 2 in turn.
+		src := pipeline.FromSource(job, "src", &chunks{c: [][]int{seq(20, 30), seq(0, 10), seq(10, 20)}})
 		out := pipeline.ProcessStream(src, "acc", func() pipeline.ProcessFunc[int, int] {
 			return &listFn{mark: mark, snaps: &snaps, report: func(sub int, r restoredLists) {
 				mu.Lock()
@@ -90,18 +91,14 @@ func TestOperatorStateRedistribution(t *testing.T) {
 			}
 		}
 	}
-	// Round robin from the one split: subtask i of 3 sees i, i+3, ...
 	first := run(3, 0)
 	for sub, r := range first {
 		if r.restored || r.seen != nil || r.union != nil {
 			t.Fatalf("first run: subtask %d found state %+v", sub, r)
 		}
 	}
-	var own [3][]int
-	for v := range 30 {
-		own[v%3] = append(own[v%3], v)
-	}
-	concat := slices.Concat(own[0], own[1], own[2])
+	// Subtask i of the first run saw chunk i: in subtask order,
+	concat := slices.Concat(seq(20, 30), seq(0, 10), seq(10, 20))
 	check("3 to 2", run(2, 10), [][]int{concat[:15], concat[15:]}, []int{0, 1, 2})
 	check("2 to 3", run(3, 20), [][]int{concat[:10], concat[10:20], concat[20:]}, []int{10, 11})
 	check("3 to 3", run(3, 30), [][]int{concat[:10], concat[10:20], concat[20:]}, []int{20, 21, 22})

@@ -14,9 +14,9 @@ import (
 // Parallel stages. Rebalance, the async I/O operators (async.go) and
 // ProcessStream (opstate.go) run in subtasks of their own, Parallelism of
 // them (default DefaultParallelism), whatever the number of source splits:
-// every task upstream deals its records round robin, one record at a
-// time, over the subtasks (Flink's rebalance partitioner), and sends its
-// barriers, watermarks and end of stream to all of them. A subtask aligns
+// every task upstream deals its records over the subtasks in batches,
+// round robin, skipping subtasks whose queue is full (rrPort), and sends
+// its barriers, watermarks and end of stream to all of them. A subtask aligns
 // barriers over its senders like a keyed subtask, combines their
 // watermarks (the minimum), and runs the operators chained after its
 // stage operator, up to the next exchange (a KeyBy, a sink, another
@@ -64,12 +64,18 @@ func (j *Job) stateOperators() []checkpoint.OperatorInfo {
 	return ops
 }
 
-// Rebalance redistributes s round robin over Parallelism subtasks (default
+// Rebalance redistributes s over Parallelism subtasks (default
 // DefaultParallelism) that run the operators chained after it (Map,
 // Filter, FlatMap, ... up to the next KeyBy or sink): stateless work after
-// a source with fewer splits than cores runs on every core. Records keep
-// no order across subtasks; each subtask sees its records in the order of
-// each of its inputs. Its UID is s's followed by "+rebalance"; only
+// a source with fewer splits than cores runs on every core. Every task
+// upstream deals its records in batches (up to 256 records, or what one
+// source poll returned) round robin over the subtasks, skipping subtasks
+// whose queue is full: a subtask that falls behind (a slow record, a
+// descheduled thread) gets less, instead of holding the others up. Flink
+// deals single records strictly round robin; its load-based variant
+// (FLIP-339) is what this resembles. Records keep no order across
+// subtasks; each subtask sees its records in the order of each of its
+// inputs. Its UID is s's followed by "+rebalance"; only
 // Parallelism applies of the operator options. It runs in one process
 // (see ErrSingleProcessOnly).
 func Rebalance[T any](s *Stream[T], opts ...OperatorOption) *Stream[T] {
@@ -143,10 +149,9 @@ type stageEnv struct {
 }
 
 // stageQueueLen is the number of messages buffered per (sender, subtask)
-// pair of a parallel stage (queueLen elsewhere): a sender deals its
-// batches over all the subtasks, so each pair sees a fraction of its
-// output, and a deeper queue keeps CPU-bound subtasks from running dry
-// between two wake-ups of their sender.
+// pair of a parallel stage (queueLen elsewhere): a deeper queue keeps
+// CPU-bound subtasks from running dry between two wake-ups of their
+// sender.
 const stageQueueLen = 4 * queueLen
 
 // srec is a record on a channel to a parallel stage's subtask.
@@ -155,46 +160,63 @@ type srec[T any] struct {
 	ts int64
 }
 
-// rrPort is one task's output to the subtasks of a parallel stage: records
-// go round robin, one at a time, into per-subtask batches; barriers,
-// watermarks and the end of stream go to every subtask after the batches.
+// rrPort is one task's output to the subtasks of a parallel stage. It
+// deals whole batches: records fill one batch (up to batchSize, or what
+// is there when the task flushes), which goes to the next subtask in
+// round-robin order that has room in its queue, skipping subtasks that
+// are behind (a load-based rebalance, as in Flink's FLIP-339); it waits
+// only when every subtask's queue is full. Barriers, watermarks and the
+// end of stream go to every subtask, after the batch.
 type rrPort[T any] struct {
 	ins    []*inbox[srec[T]]
 	sender int
 	pool   *sync.Pool
-	bufs   []*[]srec[T]
+	buf    *[]srec[T]
 	next   int
 }
 
 func (p *rrPort[T]) emit(ctx context.Context, v T, ts int64) error {
-	i := p.next
-	if p.next++; p.next == len(p.ins) {
-		p.next = 0
+	if p.buf == nil {
+		p.buf = getBatch[srec[T]](p.pool)
 	}
-	b := p.bufs[i]
-	if b == nil {
-		b = getBatch[srec[T]](p.pool)
-		p.bufs[i] = b
-	}
-	*b = append(*b, srec[T]{v: v, ts: ts})
-	if len(*b) >= batchSize {
-		p.bufs[i] = nil
-		return p.ins[i].push(ctx, p.sender, message[srec[T]]{kind: msgData, batch: b})
+	*p.buf = append(*p.buf, srec[T]{v: v, ts: ts})
+	if len(*p.buf) >= batchSize {
+		return p.flush(ctx)
 	}
 	return nil
 }
 
 func (p *rrPort[T]) flush(ctx context.Context) error {
-	for i, b := range p.bufs {
-		if b == nil || len(*b) == 0 {
-			continue
-		}
-		p.bufs[i] = nil
-		if err := p.ins[i].push(ctx, p.sender, message[srec[T]]{kind: msgData, batch: b}); err != nil {
-			return err
+	if p.buf == nil || len(*p.buf) == 0 {
+		return nil
+	}
+	m := message[srec[T]]{kind: msgData, batch: p.buf}
+	p.buf = nil
+	n := len(p.ins)
+	for k := range n {
+		i := (p.next + k) % n
+		if p.ins[i].tryPush(p.sender, m) {
+			p.next = (i + 1) % n
+			return nil
 		}
 	}
-	return nil
+	i := p.next
+	p.next = (i + 1) % n
+	return p.ins[i].push(ctx, p.sender, m)
+}
+
+// tryPush appends m to sender's queue if it has room.
+func (in *inbox[R]) tryPush(sender int, m message[R]) bool {
+	in.mu.Lock()
+	q := &in.mu.q[sender]
+	if q.n == len(q.buf) {
+		in.mu.Unlock()
+		return false
+	}
+	q.push(m)
+	in.mu.Unlock()
+	poke(in.notify)
+	return true
 }
 
 func (p *rrPort[T]) broadcast(ctx context.Context, m message[srec[T]]) error {
@@ -257,7 +279,7 @@ func parallelStage[T, U any](s *Stream[T], uid, kind string, opts []OperatorOpti
 		if err != nil {
 			return nil, err
 		}
-		p := &rrPort[T]{ins: ins, sender: sd, pool: pool, bufs: make([]*[]srec[T], len(ins)), next: sd % len(ins)}
+		p := &rrPort[T]{ins: ins, sender: sd, pool: pool, next: sd % len(ins)}
 		for _, in := range ins {
 			in.setBlocked(sd, b.blockedCounter()) // hooks.go
 		}

@@ -17,7 +17,7 @@ import (
 // cpuRecords is one op of BenchmarkRebalanceCPU; cpuRounds the SHA-256
 // rounds per record (about 20-30 µs of CPU).
 const (
-	cpuRecords = 40_000
+	cpuRecords = 200_000
 	cpuRounds  = 100
 )
 
@@ -32,7 +32,7 @@ func burn(_ context.Context, v uint64) (uint64, error) {
 }
 
 // BenchmarkRebalanceCPU: a CPU-bound Map after a one-split source, to a
-// counting sink; one op is one job over 40,000 records.
+// counting sink; one op is one job over 200,000 records.
 //
 //   - job=chained: the Map runs in the source's task (one core);
 //   - job=rebalance: Rebalance to GOMAXPROCS subtasks before the Map.

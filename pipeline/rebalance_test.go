@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,22 +70,31 @@ func TestRebalanceRunsInParallel(t *testing.T) {
 
 // TestRebalanceKeepsWatermarks: a keyed operator after a Rebalance sees
 // the source's watermarks (the minimum over the rebalance subtasks): an
-// event-time timer at 20 ms fires before the input ends (every subtask
-// has records of the last chunk behind the watermark that fires it),
-// not at the end of input, where it would be the last output.
+// event-time timer at 20 ms fires before the source reads its last
+// chunk (which waits for it), not at the end of input.
 func TestRebalanceKeepsWatermarks(t *testing.T) {
 	var cs [][]int
 	for c := range 10 {
 		cs = append(cs, seq(c*10+1, c*10+11))
 	}
+	fired := make(chan struct{})
+	var once sync.Once
+	gate := func(i int) {
+		if i == len(cs)-1 {
+			select {
+			case <-fired:
+			case <-time.After(20 * time.Second): // the output shows the timer late
+			}
+		}
+	}
 	job := pipeline.New("rebalance-wm")
-	src := pipeline.FromSource(job, "src", &chunks{c: cs})
+	src := pipeline.FromSource(job, "src", &chunks{c: cs, before: gate})
 	mapped := pipeline.Map(pipeline.Rebalance(src, pipeline.Parallelism(3)), "id", func(_ context.Context, v int) (int, error) { return v, nil })
-	fired := pipeline.Process(pipeline.KeyBy(mapped, func(int) int { return 0 }), "timer", func() pipeline.KeyedProcessFunc[int, int, string] {
-		return &timerAt{}
+	timers := pipeline.Process(pipeline.KeyBy(mapped, func(int) int { return 0 }), "timer", func() pipeline.KeyedProcessFunc[int, int, string] {
+		return &timerAt{fired: func() { once.Do(func() { close(fired) }) }}
 	}, pipeline.Parallelism(1))
 	var got collect[string]
-	pipeline.To(fired, "out", got.sink())
+	pipeline.To(timers, "out", got.sink())
 	runJob(t, job)
 	g := got.all()
 	if len(g) != 81 || slices.Index(g, "timer") < 0 || g[len(g)-1] == "timer" {
@@ -94,7 +104,10 @@ func TestRebalanceKeepsWatermarks(t *testing.T) {
 
 // timerAt sets an event-time timer at 20 ms on the first record and emits
 // every record and the timer's firing.
-type timerAt struct{ set bool }
+type timerAt struct {
+	set   bool
+	fired func()
+}
 
 func (f *timerAt) Open(*pipeline.OpenContext) error { return nil }
 func (f *timerAt) ProcessElement(ctx *pipeline.KeyedContext[int, string], v int) error {
@@ -110,6 +123,7 @@ func (f *timerAt) ProcessElement(ctx *pipeline.KeyedContext[int, string], v int)
 	return ctx.Emit(fmt.Sprint("record ", v))
 }
 func (f *timerAt) OnTimer(ctx *pipeline.KeyedContext[int, string], _ pipeline.Timer) error {
+	f.fired()
 	return ctx.Emit("timer")
 }
 
