@@ -454,3 +454,47 @@ func (o *processOp[T, U]) close() error {
 	}
 	return nil
 }
+
+// OperatorStateful is implemented by sinks that keep operator state
+// (Flink's CheckpointedFunction on a sink): InitializeState is called
+// when the sink's task starts, with its lists restored (a sink runs in one
+// task: its lists come back whole, even split or union alike);
+// SnapshotState before every checkpoint stores them, after the sink's
+// Flush or PreCommit for that checkpoint. Both run on the sink's task
+// goroutine. The state is stored under the sink's UID.
+type OperatorStateful interface {
+	InitializeState(ctx *OperatorContext) error
+	SnapshotState(checkpointID uint64) error
+}
+
+// sinkOperatorState returns the operator state store of sink sk (nil when
+// it keeps none).
+func sinkOperatorState(eng *runtime.Engine, uid string, sk any) *OperatorStateStore {
+	if _, ok := sk.(OperatorStateful); !ok {
+		return nil
+	}
+	return newOperatorStateStore(eng, uid, 0, 1)
+}
+
+func (st *sinkTask[T]) initOpState() error {
+	if st.ops == nil {
+		return nil
+	}
+	if err := st.ops.restore(); err != nil {
+		return fmt.Errorf("sink %q: restore operator state: %w", st.uid, err)
+	}
+	oc := &OperatorContext{state: st.ops, sub: 0, par: 1, log: st.n.job.cfg.logger}
+	f := st.sk.(OperatorStateful)
+	if err := protectErr(func(f OperatorStateful, oc *OperatorContext) error { return f.InitializeState(oc) }, f, oc); err != nil {
+		return fmt.Errorf("sink %q: initialize state: %w", st.uid, err)
+	}
+	return nil
+}
+
+func (st *sinkTask[T]) snapshotOpState(id uint64) (checkpoint.Part, error) {
+	f := st.sk.(OperatorStateful)
+	if err := protectErr(func(f OperatorStateful, id uint64) error { return f.SnapshotState(id) }, f, id); err != nil {
+		return nil, fmt.Errorf("sink %q: snapshot state: %w", st.uid, err)
+	}
+	return st.ops.part()
+}
