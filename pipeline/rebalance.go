@@ -235,8 +235,40 @@ func (p *rrPort[T]) barrier(ctx context.Context, id uint64, stop bool) error {
 	return p.broadcast(ctx, message[srec[T]]{kind: msgBarrier, id: id, stop: stop})
 }
 
+// watermark sends wm to every subtask; where the last message queued
+// for a subtask is still an unread watermark, wm replaces it (nothing came
+// between them, and watermarks only grow): a subtask that was dealt no
+// batch since the last watermark is not sent another message.
 func (p *rrPort[T]) watermark(ctx context.Context, wm int64) error {
-	return p.broadcast(ctx, message[srec[T]]{kind: msgWatermark, wm: wm})
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
+	for _, in := range p.ins {
+		if wm > activeNoWatermark && in.replaceWatermark(p.sender, wm) {
+			continue
+		}
+		if err := in.push(ctx, p.sender, message[srec[T]]{kind: msgWatermark, wm: wm}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replaceWatermark sets the watermark at the tail of sender's queue to wm
+// when the tail is a (regular) watermark not yet read.
+func (in *inbox[R]) replaceWatermark(sender int, wm int64) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	q := &in.mu.q[sender]
+	if q.n == 0 {
+		return false
+	}
+	tail := &q.buf[(q.head+q.n-1)%len(q.buf)]
+	if tail.kind != msgWatermark || tail.wm <= activeNoWatermark {
+		return false
+	}
+	tail.wm = max(tail.wm, wm)
+	return true
 }
 
 func (p *rrPort[T]) end(ctx context.Context) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,15 +37,26 @@ func burn(_ context.Context, v uint64) (uint64, error) {
 // counting sink; one op is one job over 200,000 records.
 //
 //   - job=chained: the Map runs in the source's task (one core);
-//   - job=rebalance: Rebalance to GOMAXPROCS subtasks before the Map.
+//   - job=rebalance: Rebalance to GOMAXPROCS subtasks before the Map;
+//   - job=bare: no job, the same records burned by GOMAXPROCS goroutines:
+//     the speedup the machine offers at that moment (on a shared machine,
+//     less than its core count).
 //
 // The records/s ratio rebalance/chained is what Rebalance gains (the
-// target is 1.7 on 2 cores); cpu-ns/record shows what it costs.
+// target is 1.7 on 2 cores), bare/chained what it could; cpu-ns/record
+// shows what it costs.
 func BenchmarkRebalanceCPU(b *testing.B) {
-	for _, kind := range []string{"chained", "rebalance"} {
+	for _, kind := range []string{"chained", "rebalance", "bare"} {
 		b.Run("job="+kind, func(b *testing.B) {
 			var took, cpu time.Duration
 			for range b.N {
+				if kind == "bare" {
+					start, cpu0 := time.Now(), cputime.Process()
+					burnParallel(runtime.GOMAXPROCS(0))
+					took += time.Since(start)
+					cpu += cputime.Process() - cpu0
+					continue
+				}
 				b.StopTimer()
 				var seen atomic.Int64
 				job := pipeline.New("bench-rebalance", pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second))
@@ -69,4 +82,19 @@ func BenchmarkRebalanceCPU(b *testing.B) {
 			b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/record")
 		})
 	}
+}
+
+// burnParallel burns cpuRecords records on par goroutines.
+func burnParallel(par int) {
+	var wg sync.WaitGroup
+	for g := range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for v := uint64(g); v < cpuRecords; v += uint64(par) {
+				_, _ = burn(context.Background(), v)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -114,9 +114,9 @@ fi
 stages='.name:(RebalanceCPU OR AsyncIO)'
 if grep -q -e '^BenchmarkRebalanceCPU/' -e '^BenchmarkAsyncIO/' "$out/root.txt"; then
 	echo
-	echo "### Rebalance() of a CPU-bound map after a 1-queue source (base: the same job without Rebalance), same run"
+	echo "### Rebalance() of a CPU-bound map after a 1-queue source (base: the same job without Rebalance; bare: the same work on GOMAXPROCS goroutines without a job, what the machine allows), same run"
 	echo
-	benchstat -col /job@'(chained rebalance)' -filter '.name:RebalanceCPU' "$out/root.txt"
+	benchstat -col /job@'(chained rebalance bare)' -filter '.name:RebalanceCPU' "$out/root.txt"
 	echo
 	echo "### async I/O, capacity 100, service latency 5 ms: req/s next to the bound of 20,000 (%bound), same run"
 	echo
