@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -254,20 +255,20 @@ func asyncWait[T, U any](s *Stream[T], uid string, ordered bool, fn AsyncFunc[T,
 
 // asyncSlot is one request (a record and its current attempt).
 type asyncSlot[T, U any] struct {
-	cell    asyncCell[U]
-	gen     uint64 // the current attempt
-	in      T
-	ts      int64
-	attempt int
-	one     U
-	single  bool
-	many    []U
-	err     error
-	done    bool
-	ctx     context.Context    // the attempt's
-	cancel  context.CancelFunc // the attempt's context; nil when none
-	stopT   func() bool        // stops the attempt's timeout; nil when none
-	retry   *time.Timer        // a retry waiting for its backoff; nil when none
+	cell     asyncCell[U]
+	gen      uint64 // the current attempt
+	in       T
+	ts       int64
+	attempt  int
+	one      U
+	single   bool
+	many     []U
+	err      error
+	done     bool
+	ctx      context.Context    // the attempt's
+	cancel   context.CancelFunc // the attempt's context; nil when none
+	deadline time.Duration      // the attempt's, since the operator's epoch (AsyncTimeout)
+	retry    *time.Timer        // a retry waiting for its backoff; nil when none
 }
 
 // asyncEntry is a queued record (slot >= 0) or watermark (slot < 0).
@@ -319,7 +320,13 @@ type asyncOp[T, U any] struct {
 
 	reqCtx    context.Context
 	reqCancel context.CancelFunc
-	wg        sync.WaitGroup // calls, timeouts and retry timers started
+	wg        sync.WaitGroup // calls and retry timers started
+	// The timeouts: tmr fires at the earliest deadline of the attempts in
+	// flight (or a little before, when that attempt completed since);
+	// epoch is what deadlines count from.
+	tmr       *time.Timer
+	armed     bool
+	epoch     time.Time
 	box       asyncBox[U]
 	slots     []asyncSlot[T, U]
 	free      []int32
@@ -334,6 +341,11 @@ type asyncOp[T, U any] struct {
 
 func (o *asyncOp[T, U]) open(ctx context.Context) error {
 	o.reqCtx, o.reqCancel = context.WithCancel(ctx)
+	o.epoch = time.Now()
+	if o.cfg.timeout > 0 {
+		o.tmr = time.NewTimer(time.Hour)
+		o.tmr.Stop()
+	}
 	restored := o.env.state.share(asyncStateName, false)
 	if err := o.env.state.register(o.state); err != nil {
 		return err
@@ -381,6 +393,8 @@ func (o *asyncOp[T, U]) wait(ctx context.Context) error {
 	select {
 	case <-o.box.notify:
 		return o.onEvent(ctx)
+	case <-o.timer():
+		return o.onTimer(ctx)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -397,13 +411,11 @@ func (o *asyncOp[T, U]) issue(idx int32) {
 	var cctx context.Context
 	if o.cfg.timeout > 0 {
 		cctx, s.cancel = context.WithTimeout(o.reqCtx, o.cfg.timeout)
-		o.wg.Add(1)
-		s.stopT = context.AfterFunc(cctx, func() {
-			defer o.wg.Done()
-			if errors.Is(cctx.Err(), context.DeadlineExceeded) && s.cell.claim.CompareAndSwap(gen, 0) {
-				o.box.post(asyncDone[U]{idx: idx, gen: gen, err: ErrAsyncTimeout})
-			}
-		})
+		s.deadline = time.Since(o.epoch) + o.cfg.timeout
+		if !o.armed {
+			o.armed = true
+			o.tmr.Reset(o.cfg.timeout)
+		}
 	} else {
 		cctx, s.cancel = context.WithCancel(o.reqCtx)
 	}
@@ -444,41 +456,76 @@ func (o *asyncOp[T, U]) onEvent(ctx context.Context) error {
 	}
 	o.done = o.box.take(o.done)
 	for i := range o.done {
-		d := &o.done[i]
-		s := &o.slots[d.idx]
-		if d.gen != s.gen || s.done {
-			continue // cannot happen: one completion per attempt
-		}
-		if d.retry {
-			s.retry = nil
-			o.issue(d.idx)
-			continue
-		}
-		if s.stopT != nil {
-			if s.stopT() {
-				o.wg.Done() // the timeout will not run
-			}
-			s.stopT = nil
-		}
-		if d.err != nil && !errors.Is(d.err, ErrAsyncTimeout) && errors.Is(s.ctx.Err(), context.DeadlineExceeded) {
-			d.err = fmt.Errorf("%w: %w", ErrAsyncTimeout, d.err) // the function returned its ctx's error
-		}
-		s.cancel()
-		s.cancel, s.ctx = nil, nil
-		if d.err != nil && s.attempt < o.retry.attempts && (o.cfg.retryIf == nil || o.cfg.retryIf(d.err)) {
-			idx, gen := d.idx, d.gen
-			o.wg.Add(1)
-			s.retry = time.AfterFunc(o.retry.backoff.Delay(s.attempt-1), func() {
-				defer o.wg.Done()
-				o.box.post(asyncDone[U]{idx: idx, gen: gen, retry: true})
-			})
-			continue
-		}
-		s.done, s.err, s.one, s.single, s.many = true, d.err, d.one, d.single, d.many
+		o.apply(&o.done[i])
 	}
 	clear(o.done)
 	o.done = o.done[:0]
 	return o.emitReady(ctx)
+}
+
+// timer fires at the earliest deadline of the attempts in flight.
+func (o *asyncOp[T, U]) timer() <-chan time.Time {
+	if o.tmr == nil {
+		return nil
+	}
+	return o.tmr.C
+}
+
+// onTimer fails the attempts past their deadline with ErrAsyncTimeout
+// and sets the timer for the next deadline.
+func (o *asyncOp[T, U]) onTimer(ctx context.Context) error {
+	o.armed = false
+	if o.halted {
+		return nil
+	}
+	now := time.Since(o.epoch)
+	next := time.Duration(math.MaxInt64)
+	for i := range o.slots {
+		s := &o.slots[i]
+		if s.cancel == nil { // no attempt in flight
+			continue
+		}
+		if s.deadline > now {
+			next = min(next, s.deadline)
+			continue
+		}
+		if s.cell.claim.CompareAndSwap(s.gen, 0) { // else its completion is posted
+			o.apply(&asyncDone[U]{idx: int32(i), gen: s.gen, err: ErrAsyncTimeout})
+		}
+	}
+	if next != math.MaxInt64 && !o.armed {
+		o.armed = true
+		o.tmr.Reset(next - now)
+	}
+	return o.emitReady(ctx)
+}
+
+// apply applies one completion (or due retry) to its slot.
+func (o *asyncOp[T, U]) apply(d *asyncDone[U]) {
+	s := &o.slots[d.idx]
+	if d.gen != s.gen || s.done {
+		return // cannot happen: one completion per attempt
+	}
+	if d.retry {
+		s.retry = nil
+		o.issue(d.idx)
+		return
+	}
+	if d.err != nil && !errors.Is(d.err, ErrAsyncTimeout) && errors.Is(s.ctx.Err(), context.DeadlineExceeded) {
+		d.err = fmt.Errorf("%w: %w", ErrAsyncTimeout, d.err) // the function returned its ctx's error
+	}
+	s.cancel()
+	s.cancel, s.ctx = nil, nil
+	if d.err != nil && s.attempt < o.retry.attempts && (o.cfg.retryIf == nil || o.cfg.retryIf(d.err)) {
+		idx, gen := d.idx, d.gen
+		o.wg.Add(1)
+		s.retry = time.AfterFunc(o.retry.backoff.Delay(s.attempt-1), func() {
+			defer o.wg.Done()
+			o.box.post(asyncDone[U]{idx: idx, gen: gen, retry: true})
+		})
+		return
+	}
+	s.done, s.err, s.one, s.single, s.many = true, d.err, d.one, d.single, d.many
 }
 
 // emitReady emits the completed requests that may go: ordered, those at
@@ -606,15 +653,15 @@ func (o *asyncOp[T, U]) stopped() {
 }
 
 func (o *asyncOp[T, U]) close() error {
+	if o.tmr != nil {
+		o.tmr.Stop()
+	}
 	for i := range o.slots {
 		s := &o.slots[i]
-		if s.stopT != nil && s.stopT() {
-			o.wg.Done()
-		}
 		if s.retry != nil && s.retry.Stop() {
 			o.wg.Done()
 		}
-		s.stopT, s.retry = nil, nil
+		s.retry = nil
 	}
 	if o.reqCancel != nil {
 		o.reqCancel()

@@ -433,3 +433,42 @@ func TestAsyncRestoresInFlight(t *testing.T) {
 }
 
 var _ = math.MaxInt64
+
+// TestAsyncFutureTimeout: a future that never completes times out (the
+// operator's own timer: nothing else would end it), is retried, and goes
+// to the policy; completing it afterwards changes nothing.
+func TestAsyncFutureTimeout(t *testing.T) {
+	var mu sync.Mutex
+	var stuck []pipeline.ResultFuture[int]
+	job := pipeline.New("async-future-timeout")
+	src := pipeline.FromSource(job, "src", source.NewSlice(seq(0, 6), 1))
+	out := pipeline.UnorderedWaitFuture(src, "lookup", func(_ context.Context, v int, rf pipeline.ResultFuture[int]) {
+		if v == 2 {
+			mu.Lock()
+			stuck = append(stuck, rf)
+			mu.Unlock()
+			return // never completes
+		}
+		rf.Complete(v)
+	}, pipeline.Parallelism(1), pipeline.AsyncTimeout(50*time.Millisecond), pipeline.Retry(2, time.Millisecond, time.Millisecond),
+		pipeline.OnError(pipeline.Skip()))
+	var got collect[int]
+	pipeline.To(out, "out", got.sink())
+	runJob(t, job)
+	if g := slices.Sorted(slices.Values(got.all())); !slices.Equal(g, []int{0, 1, 3, 4, 5}) {
+		t.Fatalf("output %v", g)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stuck) != 2 {
+		t.Fatalf("%d attempts of the stuck request, want 2", len(stuck))
+	}
+	for _, rf := range stuck {
+		rf.Complete(99) // too late: ignored
+	}
+	for _, op := range job.Status().Operators {
+		if op.UID == "lookup" && (op.In != 6 || op.Out != 5 || op.Errors != 1) {
+			t.Fatalf("lookup counters %+v", op)
+		}
+	}
+}

@@ -438,6 +438,8 @@ func (o *processOp[T, U]) watermark(ctx context.Context, wm int64) error {
 
 func (o *processOp[T, U]) events() <-chan struct{}       { return nil }
 func (o *processOp[T, U]) onEvent(context.Context) error { return nil }
+func (o *processOp[T, U]) timer() <-chan time.Time       { return nil }
+func (o *processOp[T, U]) onTimer(context.Context) error { return nil }
 func (o *processOp[T, U]) pending() bool                 { return false }
 func (o *processOp[T, U]) stopped()                      {}
 

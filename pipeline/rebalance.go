@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/runtime"
@@ -105,6 +106,8 @@ func (o *rebalanceOp[T]) watermark(ctx context.Context, wm int64) error {
 }
 func (o *rebalanceOp[T]) events() <-chan struct{}       { return nil }
 func (o *rebalanceOp[T]) onEvent(context.Context) error { return nil }
+func (o *rebalanceOp[T]) timer() <-chan time.Time       { return nil }
+func (o *rebalanceOp[T]) onTimer(context.Context) error { return nil }
 func (o *rebalanceOp[T]) snapshot(uint64) error         { return nil }
 func (o *rebalanceOp[T]) pending() bool                 { return false }
 func (o *rebalanceOp[T]) close() error                  { return nil }
@@ -121,9 +124,12 @@ type stageOp[T any] interface {
 	// idleWatermark and activeNoWatermark markers: it must pass them on
 	// to the task's ports in order with its output.
 	watermark(ctx context.Context, wm int64) error
-	// events, when not nil, signals work for onEvent (completions).
+	// events, when not nil, signals work for onEvent (completions);
+	// timer, when not nil, fires for onTimer (timeouts).
 	events() <-chan struct{}
 	onEvent(ctx context.Context) error
+	timer() <-chan time.Time
+	onTimer(ctx context.Context) error
 	// snapshot updates the subtask's operator state for checkpoint id
 	// (written by the stage task after it).
 	snapshot(id uint64) error
@@ -480,6 +486,10 @@ func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) 
 				if err := op.onEvent(ctx); err != nil {
 					return err
 				}
+			case <-op.timer():
+				if err := op.onTimer(ctx); err != nil {
+					return err
+				}
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -494,13 +504,18 @@ func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) 
 	}
 	cnt := st.env.cnt
 	for {
-		s, m, res, err := st.in.popWith(ctx, h.Wake(), events, idle)
+		s, m, res, err := st.in.popWith(ctx, h.Wake(), events, op.timer(), idle)
 		switch res {
 		case popWake:
 			notes = h.Notes(notes[:0])
 			continue
-		case popTimer: // popWith's extra channel
+		case popEvent:
 			if err := op.onEvent(ctx); err != nil {
+				return err
+			}
+			continue
+		case popTimer:
+			if err := op.onTimer(ctx); err != nil {
 				return err
 			}
 			continue
@@ -565,9 +580,12 @@ func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) 
 	}
 }
 
-// popWith is pop with an extra wake-up channel: it returns popTimer when
-// extra fires before a message is available.
-func (in *inbox[R]) popWith(ctx context.Context, wake <-chan struct{}, extra <-chan struct{}, idle func() error) (int, message[R], popResult, error) {
+// popEvent is popWith's result when its extra channel fired.
+const popEvent popResult = 255
+
+// popWith is pop with an extra wake-up channel and a timer: it returns
+// popEvent or popTimer when one fires before a message is available.
+func (in *inbox[R]) popWith(ctx context.Context, wake <-chan struct{}, extra <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
 	idled := false
 	for {
 		in.mu.Lock()
@@ -597,6 +615,8 @@ func (in *inbox[R]) popWith(ctx context.Context, wake <-chan struct{}, extra <-c
 		case <-wake:
 			return 0, message[R]{}, popWake, nil
 		case <-extra:
+			return 0, message[R]{}, popEvent, nil
+		case <-timer:
 			return 0, message[R]{}, popTimer, nil
 		case <-ctx.Done():
 			return 0, message[R]{}, popDone, ctx.Err()
