@@ -107,6 +107,22 @@
 // main.Click: invalid character …"); the status page and
 // runtime.HookDeadLetter show the same classes.
 //
+// # Parallel stages, async I/O and operator state
+//
+// Rebalance deals a stream over Parallelism subtasks (default
+// DefaultParallelism) that run the operators chained after it, so that
+// stateless work after a source with fewer splits than cores uses every
+// core. OrderedWait and UnorderedWait (and their Future forms) call a
+// service per record without blocking the stream: up to AsyncCapacity
+// requests in flight per subtask, AsyncTimeout and Retry per attempt,
+// results in input order or as they complete (never across a
+// watermark); the requests in flight at a checkpoint are stored in it
+// and issued again after a restore. ProcessStream runs a non-keyed
+// ProcessFunc whose operator state (NewListState, NewUnionListState) is
+// redistributed when the parallelism changes; sinks keep operator state
+// by implementing OperatorStateful. These operators run in one process:
+// RunWorker refuses a job that has one (ErrSingleProcessOnly).
+//
 // # Exactly-once
 //
 // Job.Run checkpoints periodically with aligned barriers: source offsets,

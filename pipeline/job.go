@@ -405,6 +405,7 @@ func (j *Job) fingerprint() checkpoint.Fingerprint {
 			fp.Operators = append(fp.Operators, checkpoint.OperatorInfo{UID: n.uid, Kind: n.kind, Codecs: n.codecs})
 		}
 	}
+	fp.Operators = append(fp.Operators, j.stateOperators()...) // rebalance.go
 	return fp
 }
 

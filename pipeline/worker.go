@@ -248,6 +248,9 @@ func newWorker(ctx context.Context, c *client.Client, name string, build func(*J
 	if err := tmpl.validate(); err != nil {
 		return nil, err
 	}
+	if err := tmpl.checkSingleProcess(); err != nil { // rebalance.go
+		return nil, err
+	}
 	cfg := tmpl.cfg
 	if cfg.dir == "" {
 		return nil, fmt.Errorf("%w: RunWorker needs a state directory (CheckpointDir)", ErrInvalidGraph)

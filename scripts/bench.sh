@@ -116,6 +116,19 @@ if grep -q '^BenchmarkIntervalJoin/' "$out/root.txt"; then
 	echo
 	benchstat -col /kind@'(keyed-count interval-join)' -filter "$ijoin" "$out/root.txt"
 fi
+# pipeline's parallel stages: Rebalance next to the same job without it,
+# async I/O next to its bound (capacity / latency; the %bound column).
+stages='.name:(RebalanceCPU OR AsyncIO)'
+if grep -q -e '^BenchmarkRebalanceCPU/' -e '^BenchmarkAsyncIO/' "$out/root.txt"; then
+	echo
+	echo "### Rebalance() of a CPU-bound map after a 1-queue source (base: the same job without Rebalance; bare: the same work on GOMAXPROCS goroutines without a job, what the machine allows), same run"
+	echo
+	benchstat -col /job@'(chained rebalance bare)' -filter '.name:RebalanceCPU' "$out/root.txt"
+	echo
+	echo "### async I/O, capacity 100, service latency 5 ms: req/s next to the bound of 20,000 (%bound), same run"
+	echo
+	benchstat -col /service -filter '.name:AsyncIO' "$out/root.txt"
+fi
 echo
 echo "### SYNC_MASTER pair (base: a single broker, both sync flush), same run: BenchmarkBrokerHASend; target: the pair's msgs/s at least 70 % of the single broker's"
 echo
@@ -124,7 +137,7 @@ benchstat -col /mode@'(single sync-pair)' -filter "$ha" "$out/root.txt"
 echo
 echo "### other benchmarks (BenchmarkBrokerHALag: replication lag at half the pair's max rate; target: lag-p99-ms at most 50)"
 echo
-benchstat -filter "-($paired OR $peer OR $ha OR $ijoin)" "runnel=$out/all.txt"
+benchstat -filter "-($paired OR $peer OR $ha OR $ijoin OR $stages)" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2

@@ -18,6 +18,10 @@ type Pipeline struct {
 	// BEFORE their last processed batch, so checkpointed state runs ahead of
 	// checkpointed offsets and a restore processes some records twice.
 	OffsetsBeforeState bool
+	// AsyncDropInFlight makes async I/O operators checkpoint no requests
+	// in flight, so a restore loses the records whose results were not
+	// emitted before the checkpoint's barrier.
+	AsyncDropInFlight bool
 }
 
 // Scaleout are defects of pipeline.RunWorker's protocol.
