@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,7 +56,7 @@ func BenchmarkBrokerSend(b *testing.B) {
 
 // BenchmarkBrokerSendPipelined measures SEND_MESSAGE with 64 requests in
 // flight on one connection (InvokeAsync), the load shape of a pipelining
-// producer, per flush mode. Besides msgs/s it reports the process CPU time
+// producer, per flush mode and body size (128 B, 1 KiB). Besides msgs/s it reports the process CPU time
 // per message (client and broker together; steadier than msgs/s on a shared
 // machine) the messages per store commit round, and the messages per WAL fsync
 // (group commit) in sync mode.
@@ -64,10 +65,12 @@ func BenchmarkBrokerSendPipelined(b *testing.B) {
 		name string
 		m    FlushMode
 	}{{"sync", FlushSync}, {"async", FlushAsync}} {
-		for _, shape := range []string{"tags", "uniq"} {
-			b.Run(mode.name+"/128B/props="+shape, func(b *testing.B) {
-				benchSendPipelined(b, mode.m, shape == "uniq")
-			})
+		for _, size := range []int{128, 1024} {
+			for _, shape := range []string{"tags", "uniq"} {
+				b.Run(fmt.Sprintf("%s/%dB/props=%s", mode.name, size, shape), func(b *testing.B) {
+					benchSendPipelined(b, mode.m, size, shape == "uniq")
+				})
+			}
 		}
 	}
 }
@@ -76,10 +79,10 @@ func BenchmarkBrokerSendPipelined(b *testing.B) {
 // uniq makes every message carry its own UNIQ_KEY and nothing else, as the
 // official Go producer's do (so the broker adds only CLUSTER), instead of
 // TAGS (the broker adds UNIQ_KEY and CLUSTER).
-func benchSendPipelined(b *testing.B, mode FlushMode, uniq bool) {
+func benchSendPipelined(b *testing.B, mode FlushMode, size int, uniq bool) {
 	br := startBroker(b, WithFlushMode(mode))
 	c := dial(b, br.Addr())
-	body := make([]byte, 128)
+	body := make([]byte, size)
 	p := props("TAGS", "TagA")
 	send(b, c, "BenchPipe", 0, body, p) // create the topic
 	// A UNIQ_KEY of the official client's shape: 32 hex digits, the last
