@@ -163,7 +163,19 @@ func (s *Store) pruneCopies() error {
 	}
 	slices.Sort(ids)
 	for len(ids) > max(s.opts.KeepCopies, 0) {
-		if err := os.RemoveAll(copyPath(s.dir, ids[0])); err != nil {
+		// Renamed out of the listing first (one atomic step), then
+		// removed: a crash halfway through RemoveAll must not leave a
+		// copy that ListRestorePoints offers but Pebble cannot open (its
+		// MANIFEST gone, its metadata file still there). The leftover is
+		// a .tmp- directory, removed by the next prune.
+		doomed := filepath.Join(parent, fmt.Sprintf(".tmp-rm-%020d", ids[0]))
+		if err := os.Rename(copyPath(s.dir, ids[0]), doomed); err != nil {
+			return fmt.Errorf("checkpoint: retain: %w", err)
+		}
+		if err := syncDir(parent); err != nil {
+			return fmt.Errorf("checkpoint: retain: %w", err)
+		}
+		if err := os.RemoveAll(doomed); err != nil {
 			return fmt.Errorf("checkpoint: retain: %w", err)
 		}
 		ids = ids[1:]
