@@ -370,7 +370,12 @@ func TestBrokerHASlaveCutOff(t *testing.T) {
 		}
 		return nil
 	})
-	p := startPair(t, RoleAsyncMaster, nil, []Option{st.option()})
+	// A housekeeping interval longer than the test: a stalled slave sends
+	// nothing, and with fastHA's 2 s the master closed its connection when
+	// the 200 sends below took longer than that on a loaded machine (the
+	// check then found 0 slaves).
+	patient := WithHAIntervals(100*time.Millisecond, time.Minute, 32<<10)
+	p := startPair(t, RoleAsyncMaster, []Option{patient}, []Option{st.option(), patient})
 	mc := dial(t, p.master.Addr())
 	createTopic(t, mc, "cut-t", 1)
 	st.hold()
