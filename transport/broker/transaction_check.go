@@ -209,13 +209,16 @@ func (t *transactions) prune(progress int64) {
 }
 
 // checkOne handles one half message of a round: ended reports that it has
-// an outcome (possibly given now, by a discard); stop that it is too young
-// to be checked and so is every later one.
+// an outcome (possibly given now, by a discard; not looked up while the
+// message is too young to be checked, so the scan's progress stops there
+// until it is old enough); stop that it is too young to be checked and so
+// is every later one.
 func (t *transactions) checkOne(ctx context.Context, m *protocol.MessageExt, nowMs int64) (ended, stop bool, err error) {
-	st, err := t.state(m)
-	if err != nil || st != txPending {
-		return err == nil, false, err
-	}
+	// Age first: it costs nothing, while the outcome lookup below reads
+	// the store (the key index, then the record), and a round that looked
+	// up every young half message before stopping at the first of them
+	// read the store once per half message in flight, every check
+	// interval.
 	age := nowMs - m.StoreTimestamp
 	timeout := t.cfg.timeout.Milliseconds()
 	if v, ok := m.Property(protocol.PropCheckImmunityTime); ok {
@@ -227,7 +230,11 @@ func (t *transactions) checkOne(ctx context.Context, m *protocol.MessageExt, now
 			return false, false, nil
 		}
 	} else if age < timeout {
-		return false, true, nil
+		return false, true, nil // later ones are younger
+	}
+	st, err := t.state(m)
+	if err != nil || st != txPending {
+		return err == nil, false, err
 	}
 	count, err := t.getMetaInt(txChecksKey(m.QueueOffset))
 	if err != nil {
