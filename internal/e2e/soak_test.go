@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +35,8 @@ import (
 // production to its exactly-once output being readable; windows: from the
 // window's end to its result reaching the sink), the process's Go heap
 // (live after a GC) and its open files, and prints them as a table at the
-// end. It fails on any job error, when the ETL output is not exactly the
+// end. Both jobs' state read caches are 4 MiB per subtask (soakReadCache).
+// It fails on any job error, when the ETL output is not exactly the
 // valid input (no loss, no duplicate), when either job's throughput over
 // the second half falls below 90 % of the input's, when the ETL output lags
 // more than 10 s of input at the end, and when the heap or
@@ -43,11 +46,20 @@ import (
 const (
 	envSoak     = "RUNNEL_SOAK"
 	envSoakRate = "RUNNEL_SOAK_RATE"
-	soakSample  = 10 * time.Second
-	soakIn      = "soak_orders"
-	soakOut     = "soak_out"
-	soakDLQ     = "soak_dlq"
-	soakClicks  = "soak_clicks"
+	// envSoakProfiles names a directory: the soak writes a heap profile
+	// there with every sample (heap-<n>.pprof), to find what grows.
+	envSoakProfiles = "RUNNEL_SOAK_PROFILES"
+	soakSample      = 10 * time.Second
+	soakIn          = "soak_orders"
+	soakOut         = "soak_out"
+	soakDLQ         = "soak_dlq"
+	soakClicks      = "soak_clicks"
+	// soakReadCache is both jobs' state read cache per subtask: a windowed
+	// job's keys churn (every window's state is new keys), so the default
+	// 32 MiB would fill for tens of minutes at the soak's rate and look
+	// like growth; at 4 MiB the caches are full within the first minutes
+	// and the growth check sees what is left.
+	soakReadCache = 4 << 20
 )
 
 type soakSampleRow struct {
@@ -129,7 +141,8 @@ func TestSoak(t *testing.T) {
 	defer stopJobs()
 	wg.Go(func() {
 		fail("etl job", etl.Run(jobCtx, mq.c, etl.Config{SingleProcess: true, In: soakIn, Out: soakOut, DLQ: soakDLQ,
-			Group: "soak_etl", StateDir: t.TempDir(), CheckpointInterval: time.Second}))
+			Group: "soak_etl", StateDir: t.TempDir(), CheckpointInterval: time.Second,
+			JobOptions: []pipeline.JobOption{pipeline.StateReadCache(soakReadCache)}}))
 	})
 	var winLat latencies
 	var winRecs atomic.Int64
@@ -146,19 +159,23 @@ func TestSoak(t *testing.T) {
 	prodCtx, stopProducing := context.WithCancel(ctx)
 	defer stopProducing()
 	var sendErr atomic.Pointer[error]
+	var sending sync.WaitGroup
 	onSent := func(_ client.SendResult, err error) {
+		defer sending.Done()
 		if err != nil {
 			produceFailed.Add(1)
 			sendErr.CompareAndSwap(nil, &err)
 		}
 	}
 	onClickSent := func(_ client.SendResult, err error) {
+		defer sending.Done()
 		if err != nil {
 			clickFailed.Add(1)
 			sendErr.CompareAndSwap(nil, &err)
 		}
 	}
-	wg.Go(func() {
+	var prodDone sync.WaitGroup
+	prodDone.Go(func() {
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		seq := 0
@@ -180,8 +197,11 @@ func TestSoak(t *testing.T) {
 				click := fmt.Appendf(nil, "u%d,%d", seq%500, now.UnixMilli())
 				seq++
 				produced.Add(1)
-				prod.SendAsync(prodCtx, onSent, &client.Message{Topic: soakIn, Body: body, Keys: []string{id}, ShardingKey: cust})
-				prod.SendAsync(prodCtx, onClickSent, &client.Message{Topic: soakClicks, Body: click})
+				// Not cancelled when producing stops: every send gets its
+				// answer (sending waits below).
+				sending.Add(2)
+				prod.SendAsync(context.Background(), onSent, &client.Message{Topic: soakIn, Body: body, Keys: []string{id}, ShardingKey: cust})
+				prod.SendAsync(context.Background(), onClickSent, &client.Message{Topic: soakClicks, Body: click})
 			}
 		}
 	})
@@ -222,8 +242,11 @@ loop:
 			r.files = len(ents)
 		}
 		rows = append(rows, r)
+		writeSoakHeapProfile(t, len(rows))
 	}
 	stopProducing()
+	prodDone.Wait()
+	sending.Wait()
 	// Let the jobs drain what was produced, then stop them.
 	drainUntil := time.Now().Add(60 * time.Second)
 	for ctx.Err() == nil && seen.count() < produced.Load()-produceFailed.Load() && time.Now().Before(drainUntil) {
@@ -342,7 +365,8 @@ func runSoakWindows(ctx context.Context, t *testing.T, c *client.Client, lat *la
 		}
 		return click{User: user, TS: v}, nil
 	}
-	job := pipeline.New("soak-windows", pipeline.CheckpointDir(t.TempDir()), pipeline.CheckpointInterval(time.Second))
+	job := pipeline.New("soak-windows", pipeline.CheckpointDir(t.TempDir()), pipeline.CheckpointInterval(time.Second),
+		pipeline.StateReadCache(soakReadCache))
 	clicks := pipeline.FromSourceDecoded(job, "clicks", src, decode,
 		pipeline.Timestamps(func(c click) time.Time { return time.UnixMilli(c.TS) }),
 		pipeline.BoundedOutOfOrderness(200*time.Millisecond))
@@ -417,5 +441,23 @@ func checkSoakGrowth(t *testing.T, rows []soakSampleRow, rate int) {
 	}
 	if l := rows[len(rows)-1].lag; l > int64(10*rate) {
 		t.Errorf("the ETL output lags %d orders (more than 10 s of input) at the end", l)
+	}
+}
+
+// writeSoakHeapProfile writes the n-th sample's heap profile into the
+// directory envSoakProfiles names (nothing when it is unset).
+func writeSoakHeapProfile(t *testing.T, n int) {
+	dir := os.Getenv(envSoakProfiles)
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("heap-%03d.pprof", n)))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		t.Error(err)
 	}
 }

@@ -225,6 +225,9 @@ type Config struct {
 	OnStatusAddr func(string)
 	// WorkerOptions are added to the workers' options (tests).
 	WorkerOptions []pipeline.JobOption
+	// JobOptions are added to the job's options with SingleProcess (tests,
+	// the soak).
+	JobOptions []pipeline.JobOption
 }
 
 func (c *Config) logger() *slog.Logger {
@@ -291,6 +294,7 @@ func Run(ctx context.Context, c *client.Client, cfg Config) (err error) {
 	if cfg.Parallelism > 0 {
 		jopts = append(jopts, pipeline.DefaultParallelism(cfg.Parallelism))
 	}
+	jopts = append(jopts, cfg.JobOptions...)
 	job := pipeline.New(cfg.Group, jopts...)
 	Build(job, src, out, dlq)
 	return job.Run(ctx)
