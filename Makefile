@@ -2,7 +2,9 @@
 # set-up commands of the README; CI (.ci/run) calls `make test`.
 
 GO       ?= go
-TAGS     ?= invariants
+# invariants: Pebble-style consistency checks; failpoints: the faults and
+# phase hooks of the crash tests' control variants (internal/failpoint).
+TAGS     ?= invariants,failpoints
 # Nested modules (each has its own go.mod); the root module is ".".
 MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -not -path './.git/*' -not -path './.bench/*' | sort))
 FUZZTIME ?= 10s
@@ -22,20 +24,21 @@ run:
 build:
 	@for m in $(MODULES); do (cd $$m && echo "== build $$m" && $(GO) build ./... ) || exit 1; done
 
-## test: vet, then every test of every module with -race (root module with the invariants tag)
+## test: vet, then every test of every module with -race (root module with the
+## invariants and failpoints tags, nested modules with failpoints)
 test:
 	@for m in $(MODULES); do \
 		echo "== vet $$m"; (cd $$m && $(GO) vet -tags $(TAGS) ./...) || exit 1; \
 	done
 	$(GO) test -race -tags $(TAGS) -timeout 20m ./...
 	@for m in $(filter-out .,$(MODULES)); do \
-		echo "== test $$m"; (cd $$m && $(GO) test -race -timeout 15m ./...) || exit 1; \
+		echo "== test $$m"; (cd $$m && $(GO) test -race -tags failpoints -timeout 15m ./...) || exit 1; \
 	done
 
 ## test-failpoints: the exactly-once ETL failpoint matrix (build tag failpoints):
 ## SIGKILL at each protocol boundary, 20 runs each (FAILPOINT_FLAGS=-short: 3)
 test-failpoints:
-	$(GO) test -race -tags $(TAGS),failpoints -timeout 30m -run 'TestE2EETLFailpoints' $(FAILPOINT_FLAGS) -v ./internal/e2e/
+	RUNNEL_FAILPOINT_MATRIX=1 $(GO) test -race -tags invariants,failpoints -timeout 30m -run 'TestE2EETLFailpoints' $(FAILPOINT_FLAGS) -v ./internal/e2e/
 
 ## test-watermill-full: watermill's universal Pub/Sub suite at full size against
 ## the embedded broker (make test runs it with watermill's short counts), and its
@@ -56,7 +59,8 @@ test-abuse:
 test-short:
 	@for m in $(MODULES); do (cd $$m && $(GO) test -short ./...) || exit 1; done
 
-## test-noinv: the production build (no invariants tag)
+## test-noinv: the production build (no invariants or failpoints tag; the
+## crash tests' control variants skip)
 test-noinv:
 	$(GO) test -timeout 20m ./...
 

@@ -128,6 +128,9 @@ type Commit struct {
 	CaptureBatch bool
 	// Batch is set by Commit when CaptureBatch is.
 	Batch []byte
+	// Kind is stored in the metadata ("savepoint" for a checkpoint taken
+	// as a savepoint; empty for a periodic one).
+	Kind string
 }
 
 // Commit writes c atomically: offsets, every part's state changes, pending
@@ -186,6 +189,7 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 		Time:          start.UTC(),
 		FormatVersion: FormatVersion,
 		Fingerprint:   s.opts.Fingerprint,
+		Kind:          c.Kind,
 	}
 	if err := s.writeOffsetsAndPending(b, c, &m); err != nil {
 		return Metadata{}, err

@@ -20,6 +20,7 @@
 //	0x00 'f'                       format version (u32 BE), written at creation
 //	0x00 'l'                       latest completed checkpoint id (u64 BE)
 //	0x00 'r'                       present only while a savepoint restore runs
+//	0x00 'a'                       spec of the last RestoreFrom applied
 //	0x01 id(u64 BE)                metadata JSON of a retained checkpoint
 //	0x02 SplitKey                  source offset (opaque bytes)
 //	0x03 uvarint len, sink UID, subtask(u32 BE), checkpoint id(u64 BE)
@@ -41,11 +42,13 @@
 //     TestCheckpointCrashAtomicity takes a crash clone before every write
 //     operation and checks the recovered content is exactly one checkpoint;
 //     its controls (two batches; no sync) must fail the same check.
-//   - The committed data IS the latest checkpoint: there is no per-checkpoint
-//     copy. Restore is from the latest only; Retain keeps older checkpoints'
-//     metadata (History) for inspection. Keep older states as savepoints.
-//     (Pebble's db.Checkpoint per checkpoint would cost a directory of hard
-//     links and a MANIFEST copy each time: not cheap at 1 s intervals.)
+//   - The committed data IS the latest checkpoint. Older ones are restorable
+//     only as retained copies (KeepCopy: a Pebble db.Checkpoint of hard
+//     links plus WAL and MANIFEST copies, taken when the job asks, not per
+//     checkpoint by default) and savepoint files (retain.go); RestoreFrom
+//     makes one of them the latest again under a new, higher id, and records
+//     its spec so that it is applied once. Retain keeps older checkpoints'
+//     metadata (History) for inspection.
 //   - Checkpoint ids strictly increase (ErrStaleID). Commits are serialised
 //     by commitMu; readers never take it.
 //   - Offsets are upserted (nil deletes); pending commits accumulate until a

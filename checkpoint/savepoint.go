@@ -379,25 +379,43 @@ func (s *Store) restore(ctx context.Context, sr *savepointReader, m Metadata, fp
 			return fmt.Errorf("%w: restore a savepoint into an empty directory", ErrNotEmpty)
 		}
 	}
-	// First batch: the marker, and clear whatever an interrupted restore
-	// left behind.
+	m.Savepoint = true
+	_, err := s.load(ctx, sr, m, fp, drop, m.ID, "", true)
+	return err
+}
+
+// load replaces the store's offsets, pending commits and state by sr's
+// records and makes m, with id, its latest checkpoint. clearMeta also drops
+// the metadata history (a restore into a new directory). spec, when set, is
+// recorded as the applied restore (RestoreFrom).
+func (s *Store) load(ctx context.Context, sr *savepointReader, m Metadata, fp Fingerprint, drop []string, id uint64, spec string, clearMeta bool) (Metadata, error) {
+	// First batch: the marker, and clear whatever was there (or an
+	// interrupted restore left behind).
 	b := s.db.NewBatch()
 	defer func() { _ = b.Close() }()
 	if err := b.Set(keyRestoring, nil, nil); err != nil {
-		return err
+		return Metadata{}, err
 	}
 	if err := b.Delete(keyLatest, nil); err != nil {
-		return err
+		return Metadata{}, err
 	}
-	if err := b.DeleteRange([]byte{famMeta}, []byte{famEnd}, nil); err != nil {
-		return err
+	from := []byte{famOffset}
+	if clearMeta {
+		from = []byte{famMeta}
+	}
+	if err := b.DeleteRange(from, []byte{famEnd}, nil); err != nil {
+		return Metadata{}, err
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("checkpoint: restore: %w", err)
+		return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 	}
 	s.mu.Lock()
+	hist := s.mu.history
 	s.mu.history = nil
 	s.mu.Unlock()
+	if clearMeta {
+		hist = nil
+	}
 	b.Reset()
 	var rec savepointRecord
 	var buf []byte
@@ -407,7 +425,7 @@ func (s *Store) restore(ctx context.Context, sr *savepointReader, m Metadata, fp
 			break
 		}
 		if err != nil {
-			return err
+			return Metadata{}, err
 		}
 		switch rec.typ {
 		case recOffset:
@@ -426,41 +444,49 @@ func (s *Store) restore(ctx context.Context, sr *savepointReader, m Metadata, fp
 			err = b.Set(buf, rec.value, nil)
 		}
 		if err != nil {
-			return fmt.Errorf("checkpoint: restore: %w", err)
+			return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 		}
 		if b.Len() >= 4<<20 {
 			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("checkpoint: restore: %w", err)
+				return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 			}
 			if err := b.Commit(pebble.NoSync); err != nil {
-				return fmt.Errorf("checkpoint: restore: %w", err)
+				return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 			}
 			b.Reset()
 		}
 	}
+	m.ID = id
 	m.FormatVersion = FormatVersion
 	m.Fingerprint = fp
-	m.Savepoint = true
 	mb, err := json.Marshal(m)
 	if err != nil {
-		return fmt.Errorf("checkpoint: encode metadata: %w", err)
+		return Metadata{}, fmt.Errorf("checkpoint: encode metadata: %w", err)
 	}
-	for _, op := range []struct{ k, v []byte }{
+	ops := []struct{ k, v []byte }{
 		{metaKey(m.ID), mb},
 		{keyLatest, binary.BigEndian.AppendUint64(nil, m.ID)},
-	} {
+	}
+	if spec != "" {
+		ops = append(ops, struct{ k, v []byte }{keyApplied, []byte(spec)})
+	}
+	for _, op := range ops {
 		if err := b.Set(op.k, op.v, nil); err != nil {
-			return fmt.Errorf("checkpoint: restore: %w", err)
+			return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 		}
 	}
 	if err := b.Delete(keyRestoring, nil); err != nil {
-		return fmt.Errorf("checkpoint: restore: %w", err)
+		return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("checkpoint: restore: %w", err)
+		return Metadata{}, fmt.Errorf("checkpoint: restore: %w", err)
+	}
+	hist = append([]Metadata{m}, hist...)
+	if len(hist) > s.opts.Retain {
+		hist = hist[:s.opts.Retain]
 	}
 	s.mu.Lock()
-	s.mu.history = []Metadata{m}
+	s.mu.history = hist
 	s.mu.Unlock()
-	return nil
+	return m, nil
 }

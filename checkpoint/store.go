@@ -41,6 +41,12 @@ type Options struct {
 	// FS runs the store on a Pebble virtual filesystem. Only packages under
 	// checkpoint/ can build one (crash tests); leave nil for the OS's files.
 	FS *storefs.FS
+	// KeepCopies is how many retained, restorable copies of completed
+	// checkpoints KeepCopy keeps (retain.go); the oldest beyond it are
+	// removed. 0 keeps none (the latest checkpoint is always restorable).
+	KeepCopies int
+	// readOnly opens a retained copy for reading (retain.go).
+	readOnly bool
 }
 
 // Fingerprint identifies a job's state layout: changing it incompatibly makes
@@ -86,6 +92,13 @@ type Metadata struct {
 	Duration time.Duration `json:"duration"`
 	// Savepoint is set on the metadata written by RestoreSavepoint.
 	Savepoint bool `json:"savepoint,omitempty"`
+	// RestoredFrom is the id of the checkpoint or savepoint that
+	// RestoreFrom restored as this checkpoint (0: none), Restore its spec.
+	RestoredFrom uint64 `json:"restoredFrom,omitempty"`
+	Restore      string `json:"restore,omitempty"`
+	// Kind is "savepoint" for a checkpoint taken as a savepoint
+	// (Commit.Kind), empty for a periodic one.
+	Kind string `json:"kind,omitempty"`
 }
 
 // PendingCommit is a sink's pre-committed transaction recorded by a
@@ -105,6 +118,7 @@ type PendingCommit struct {
 // with each other and with Commit; Commit calls are serialised.
 type Store struct {
 	opts Options
+	dir  string
 	db   *pebble.DB
 	log  *slog.Logger
 
@@ -121,6 +135,8 @@ type Store struct {
 	// batch is Commit's batch, reset and reused by the next (guarded by
 	// commitMu); nil before the first Commit.
 	batch *pebble.Batch
+	// compactions runs requested range compactions (compact.go).
+	compactions compactor
 }
 
 // Open opens (creating if needed) the store in dir. It reads only the format
@@ -159,6 +175,7 @@ func open(dir string, opts Options) (*Store, error) {
 		MemTableSize:       opts.MemTableSize,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{log},
+		ReadOnly:           opts.readOnly,
 	}
 	if opts.FS != nil && opts.FS.VFS != nil {
 		popts.FS = opts.FS.VFS
@@ -169,7 +186,14 @@ func open(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open %s: %w", dir, err)
 	}
-	s := &Store{opts: opts, db: db, log: log}
+	s := &Store{opts: opts, dir: dir, db: db, log: log}
+	if opts.readOnly {
+		if err := s.loadHistory(); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		return s, nil
+	}
 	if err := s.checkFormat(); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -332,6 +356,7 @@ func (s *Store) Close() error {
 	s.mu.closed = true
 	failed := s.mu.failed
 	s.mu.Unlock()
+	s.stopCompactions() // compact.go
 	if s.batch != nil {
 		_ = s.batch.Close() // an empty, reset batch: nothing to report
 		s.batch = nil
@@ -342,7 +367,10 @@ func (s *Store) Close() error {
 		_ = closeQuietly(s.db)
 		return fmt.Errorf("%w: %w", ErrFailed, failed)
 	}
-	ferr := s.db.Flush()
+	var ferr error
+	if !s.opts.readOnly {
+		ferr = s.db.Flush()
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("checkpoint: close: %w", err)
 	}
@@ -563,6 +591,7 @@ var errStopScan = errors.New("checkpoint: scan stopped")
 type StateIter struct {
 	it    *pebble.Iterator
 	hdr   int
+	lower []byte
 	valid bool
 }
 
@@ -580,9 +609,17 @@ func (r *StateReader) NewIter(keyGroup uint16, prefix []byte) (*StateIter, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: read state: %w", err)
 	}
-	si := &StateIter{it: it, hdr: len(lower) - len(prefix)}
+	si := &StateIter{it: it, hdr: len(lower) - len(prefix), lower: lower}
 	si.valid = it.First()
 	return si, nil
+}
+
+// SeekGE moves to the first entry whose key (without the operator and key
+// group) is at or after key, and reports whether there is one.
+func (si *StateIter) SeekGE(key []byte) bool {
+	k := append(si.lower[:si.hdr:si.hdr], key...)
+	si.valid = si.it.SeekGE(k)
+	return si.valid
 }
 
 // Valid reports whether the iterator is at an entry.

@@ -114,3 +114,55 @@ func TestEmbeddedHAFailover(t *testing.T) {
 		return nil
 	})
 }
+
+// TestEmbeddedHALocks: queue locks (LOCK_BATCH_MQ) on a pair behave as on
+// a single broker: the master holds them; with the master gone no member
+// gets a lock (the client asks only masters; a slave grants none), and a
+// restarted master, whose locks are in memory as Java's are, grants them
+// anew to the first member asking.
+func TestEmbeddedHALocks(t *testing.T) {
+	ctx := testCtx(t)
+	cl := Run(t, WithSlaves(1, broker.RoleSyncMaster), WithTopic("lk", 2),
+		WithBrokerOptions(broker.WithHAIntervals(100*time.Millisecond, 2*time.Second, 64<<10), broker.WithSlaveSyncInterval(100*time.Millisecond)))
+	a := cl.Broker(0)
+	member := func(name string) *client.GroupConsumer {
+		c, err := cl.NewClient(client.WithInstanceName(name), client.WithRouteRefreshInterval(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		g, err := client.NewGroupConsumer(c, "lk_g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	g1, g2 := member("lk1"), member("lk2")
+	qs := []protocol.MessageQueue{{Topic: "lk", BrokerName: a.Name(), QueueID: 0}, {Topic: "lk", BrokerName: a.Name(), QueueID: 1}}
+	if got := g1.LockQueues(ctx, qs...); len(got) != 2 {
+		t.Fatalf("first member granted %v, want both queues", got)
+	}
+	if got := g2.LockQueues(ctx, qs...); len(got) != 0 {
+		t.Fatalf("second member granted %v while the first holds them", got)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []*client.GroupConsumer{g2, g1} {
+		if got := g.LockQueues(ctx, qs...); len(got) != 0 {
+			t.Fatalf("granted %v with the master gone", got)
+		}
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if got := g1.LockQueues(ctx, qs...); len(got) != 2 {
+			return fmt.Errorf("the restarted master granted %v", got)
+		}
+		return nil
+	})
+	if got := g2.LockQueues(ctx, qs...); len(got) != 0 {
+		t.Fatalf("second member granted %v after the first locked them on the restarted master", got)
+	}
+}

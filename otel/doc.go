@@ -10,7 +10,7 @@
 // with the OpenTelemetry API. Nothing here uses the OpenTelemetry globals:
 // providers are injected with options.
 //
-//	tp, err := otel.NewTracerProviderFromEnv(ctx)          // OTEL_* variables, OTLP/HTTP or stdout
+//	tp, err := otelenv.TracerProvider(ctx)                 // otel/otelenv: OTEL_* variables, OTLP/HTTP or stdout
 //	tel, err := otel.New(otel.WithTracerProvider(tp), otel.WithPrometheus())
 //	c, err := client.New(client.WithNameServers(ns), client.WithHooks(tel))
 //	job := pipeline.New("etl", pipeline.Hooks(tel), pipeline.MetricsAddress(":9464", nil))

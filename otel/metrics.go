@@ -236,8 +236,14 @@ func (t *Telemetry) OnSinkCommit(job, sink string, _ uint64, took time.Duration,
 
 // ObserveBroker exports an embedded broker's counters as observable
 // instruments (runnel.broker.send.requests, .send.bytes, .pull.requests,
-// .pulled.messages, .longpoll.waiters, .consumer_groups), labelled with
-// name. Call the returned function to stop observing it.
+// .pulled.messages, .longpoll.waiters, .consumer_groups), and its
+// replication (runnel.broker.ha.log_end; per slave of a master, labelled
+// with its runnel.broker.slave_id, .ha.slave.ack_offset, .ha.slave.lag,
+// .ha.slave.buffer (the memory the master holds for it) and .ha.sent.bytes;
+// on a slave .ha.master.lag and .ha.received.bytes; a
+// SYNC_MASTER's .ha.sync.waiting, .ha.sync.timeouts and
+// .ha.slave_not_available), labelled with name. Call the returned function
+// to stop observing it.
 func (t *Telemetry) ObserveBroker(b *broker.Broker, name string) (unregister func() error, err error) {
 	m := t.meter
 	var errs []error
@@ -257,6 +263,16 @@ func (t *Telemetry) ObserveBroker(b *broker.Broker, name string) (unregister fun
 	pulled := counter("runnel.broker.pulled.messages", "{message}", "Messages returned by pulls.")
 	waiters := gauge("runnel.broker.longpoll.waiters", "{request}", "Pulls parked by long polling now.")
 	groups := gauge("runnel.broker.consumer_groups", "{group}", "Consumer groups the broker knows.")
+	logEnd := gauge("runnel.broker.ha.log_end", "By", "The broker's log end (physical offset of its next record).")
+	ackOff := gauge("runnel.broker.ha.slave.ack_offset", "By", "The log end a slave acknowledged to its master.")
+	slaveLag := gauge("runnel.broker.ha.slave.lag", "By", "How far a slave is behind its master's log end.")
+	slaveBuf := gauge("runnel.broker.ha.slave.buffer", "By", "Memory a master holds for a slave's transfer (one frame buffer, whatever the slave's lag).")
+	sentBytes := counter("runnel.broker.ha.sent.bytes", "By", "Log bytes a master sent a slave.")
+	masterLag := gauge("runnel.broker.ha.master.lag", "By", "How far a slave is behind its master, as last heard.")
+	recvBytes := counter("runnel.broker.ha.received.bytes", "By", "Log bytes a slave received from its master.")
+	syncWaiting := gauge("runnel.broker.ha.sync.waiting", "{request}", "Sends a SYNC_MASTER holds for its slaves now.")
+	syncTimeouts := counter("runnel.broker.ha.sync.timeouts", "{request}", "Sends answered FLUSH_SLAVE_TIMEOUT.")
+	notAvail := counter("runnel.broker.ha.slave_not_available", "{request}", "Sends answered SLAVE_NOT_AVAILABLE.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otel: broker instruments: %w", err)
 	}
@@ -269,8 +285,27 @@ func (t *Telemetry) ObserveBroker(b *broker.Broker, name string) (unregister fun
 		o.ObserveInt64(pulled, s.PulledMessages, opt)
 		o.ObserveInt64(waiters, s.LongPollWaiters, opt)
 		o.ObserveInt64(groups, s.ConsumerGroups, opt)
+		hs := b.HAStatus()
+		o.ObserveInt64(logEnd, hs.LogEnd, opt)
+		for _, sl := range hs.Slaves {
+			so := metric.WithAttributes(attribute.String("runnel.broker.name", name), attribute.Int64("runnel.broker.slave_id", sl.BrokerID))
+			o.ObserveInt64(ackOff, sl.AckOffset, so)
+			o.ObserveInt64(slaveLag, sl.Lag, so)
+			o.ObserveInt64(slaveBuf, sl.BufferBytes, so)
+			o.ObserveInt64(sentBytes, sl.BytesSent, so)
+		}
+		if ml := hs.Master; ml != nil {
+			o.ObserveInt64(masterLag, ml.Lag, opt)
+			o.ObserveInt64(recvBytes, ml.BytesReceived, opt)
+		}
+		if hs.Role == broker.RoleSyncMaster {
+			o.ObserveInt64(syncWaiting, hs.SyncWaiting, opt)
+			o.ObserveInt64(syncTimeouts, hs.SyncTimeouts, opt)
+			o.ObserveInt64(notAvail, hs.SlaveNotAvailable, opt)
+		}
 		return nil
-	}, sends, sendBytes, pulls, pulled, waiters, groups)
+	}, sends, sendBytes, pulls, pulled, waiters, groups, logEnd, ackOff, slaveLag, slaveBuf, sentBytes, masterLag, recvBytes,
+		syncWaiting, syncTimeouts, notAvail)
 	if err != nil {
 		return nil, fmt.Errorf("otel: broker callback: %w", err)
 	}

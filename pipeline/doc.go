@@ -48,6 +48,24 @@
 // sliding windows use it to keep one timer per key group and window end
 // instead of one per key and window.
 //
+// # Two inputs
+//
+// ConnectKeyed connects two keyed streams with the same key type for a
+// KeyedCoProcessFunc (KeyedCoProcess): records of both inputs with equal
+// keys share the key's state and timers. Connect does the same without
+// keys for a CoProcessFunc (CoProcess; records spread round robin, no
+// state, no timers). IntervalJoin joins records of equal keys whose times
+// are within an interval of each other; window.Join and window.CoGroup
+// join per key and window (CoGroup sees windows with one side empty, for
+// outer joins). Broadcast sends a low-volume stream to every subtask of a
+// ProcessBroadcast or ProcessKeyedBroadcast operator, whose broadcast
+// side writes broadcast state (NewBroadcastMap) that the other side only
+// reads; it is checkpointed once and restored on every subtask, whatever
+// the parallelism. A two-input operator's watermark is the minimum over
+// the tasks of both inputs, and its barriers are aligned across both. A
+// keyed two-input operator runs on many workers (RunWorker); a broadcast
+// operator does not (ErrBroadcastScaleout).
+//
 // # Event time and watermarks
 //
 // Every record has an event time: the source record's own (for broker
@@ -88,6 +106,22 @@
 // then ": " and the error (for instance "decode: cannot decode JSON into
 // main.Click: invalid character …"); the status page and
 // runtime.HookDeadLetter show the same classes.
+//
+// # Parallel stages, async I/O and operator state
+//
+// Rebalance deals a stream over Parallelism subtasks (default
+// DefaultParallelism) that run the operators chained after it, so that
+// stateless work after a source with fewer splits than cores uses every
+// core. OrderedWait and UnorderedWait (and their Future forms) call a
+// service per record without blocking the stream: up to AsyncCapacity
+// requests in flight per subtask, AsyncTimeout and Retry per attempt,
+// results in input order or as they complete (never across a
+// watermark); the requests in flight at a checkpoint are stored in it
+// and issued again after a restore. ProcessStream runs a non-keyed
+// ProcessFunc whose operator state (NewListState, NewUnionListState) is
+// redistributed when the parallelism changes; sinks keep operator state
+// by implementing OperatorStateful. These operators run in one process:
+// RunWorker refuses a job that has one (ErrSingleProcessOnly).
 //
 // # Exactly-once
 //

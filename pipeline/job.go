@@ -13,6 +13,7 @@ import (
 	"github.com/go-playground/validator/v10"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/sink"
@@ -59,7 +60,7 @@ type jobConfig struct {
 	logger             *slog.Logger
 	clock              func() time.Time
 	statusAddr         string
-	faults             Faults
+	faults             failpoint.Pipeline
 	onStatusAddr       func(string)
 	validatorInstance  *validator.Validate
 	discoveryInterval  time.Duration
@@ -67,14 +68,15 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
-	stateCache         int64          // StateReadCache; 0: the default, < 0: none
-	startup            *time.Duration // StartupTimeout (startup.go); nil: the default
+	stateCache         int64           // StateReadCache; 0: the default, < 0: none
+	startup            *time.Duration  // StartupTimeout (startup.go); nil: the default
+	sp                 savepointConfig // savepoint.go
 	// RunWorker (worker.go)
 	ranges        int
 	workerGroup   string
 	snapshotEvery int
 	standbys      int
-	scaleFaults   ScaleoutFaults
+	scaleFaults   failpoint.Scaleout
 }
 
 // CheckpointDir sets the job's checkpoint directory (one Pebble store).
@@ -161,18 +163,6 @@ func StatusAddress(addr string, onListen func(string)) JobOption {
 func Validator(v *validator.Validate) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.validatorInstance = v })
 }
-
-// Faults injects deliberate bugs for tests that prove the exactly-once
-// checks can fail. Never set them outside tests.
-type Faults struct {
-	// OffsetsBeforeState makes source tasks checkpoint the offset they had
-	// BEFORE their last processed batch, so checkpointed state runs ahead of
-	// checkpointed offsets and a restore processes some records twice.
-	OffsetsBeforeState bool
-}
-
-// InjectFaults enables test-only faults (see Faults).
-func InjectFaults(f Faults) JobOption { return jobOptionFunc(func(c *jobConfig) { c.faults = f }) }
 
 // Job is a stream job under construction, then running. Building (the
 // functions that take a Job or Stream) is not safe for concurrent use; Run
@@ -308,6 +298,9 @@ type node struct {
 	// binder is the node's source or sink when it implements
 	// jobinfo.Binder (bind.go).
 	binder jobinfo.Binder
+	// broadcast marks an operator with a broadcast input (broadcast.go):
+	// RunWorker refuses it.
+	broadcast bool
 }
 
 func (j *Job) addNode(uid, kind string, inputs ...*node) *node {
@@ -362,6 +355,9 @@ func (j *Job) Run(ctx context.Context) error {
 		MetricsAddr:       j.cfg.obs.metricsAddr,
 		DiscoveryInterval: j.cfg.discoveryInterval,
 		Commit:            j.commitHook(),
+		KeepCheckpoints:   j.cfg.sp.keep,
+		RetainInterval:    j.cfg.sp.every,
+		RestoreFrom:       j.cfg.sp.restore,
 	})
 	if err != nil {
 		return err
@@ -421,6 +417,7 @@ func (j *Job) fingerprint() checkpoint.Fingerprint {
 			fp.Operators = append(fp.Operators, checkpoint.OperatorInfo{UID: n.uid, Kind: n.kind, Codecs: n.codecs})
 		}
 	}
+	fp.Operators = append(fp.Operators, j.stateOperators()...) // rebalance.go
 	return fp
 }
 

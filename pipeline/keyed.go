@@ -21,6 +21,9 @@ type KeyedStream[K comparable, T any] struct {
 	vcodec Codec[T] // records' codec across a repartition topic (scale-out)
 	// prePartitioned: the source already partitions records by this key.
 	prePartitioned bool
+	// all, when set, selects records that go to every subtask instead of
+	// their key's (a broadcast connection's, broadcast.go).
+	all func(T) bool
 }
 
 // WithCodec sets the codec of the stream's records where they cross the
@@ -129,6 +132,7 @@ type keyedPort[K comparable, T any] struct {
 	scratch []byte
 	meta    *recMeta     // the sending task's current record (its trace)
 	trs     [][]tracedAt // per subtask, the open batch's traced records (hooks.go); nil until one is
+	all     func(T) bool // see KeyedStream.all; nil for most streams
 }
 
 func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
@@ -139,6 +143,9 @@ func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
 	}
 	p.scratch = kb
 	kg := state.KeyGroup(kb, p.maxP)
+	if p.all != nil && p.all(v) {
+		return p.emitAll(ctx, krec[K, T]{k: k, v: v, ts: ts, kg: kg}) // broadcast.go
+	}
 	sub := 0
 	if len(p.ins) > 1 {
 		sub = state.SubtaskOf(kg, p.maxP, len(p.ins))
@@ -211,6 +218,7 @@ type OpenContext struct {
 	subtask     int
 	parallelism int
 	log         *slog.Logger
+	bstate      *broadcastState // a broadcast operator's (broadcast.go); nil otherwise
 }
 
 // Backend returns the subtask's keyed state backend (for state.NewValue and
@@ -577,11 +585,14 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 			return nil, err
 		}
 		p := &keyedPort[K, T]{ins: ins, sender: s, pool: pool, bufs: make([]*[]krec[K, T], len(ins)),
-			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism, meta: &b.meta}
+			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism, meta: &b.meta, all: k.all}
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
 	}
 	n.buildRemote = func(b *chainBuilder) (any, error) {
+		if k.all != nil {
+			return nil, fmt.Errorf("%w: operator %q: %w", ErrInvalidGraph, uid, ErrBroadcastScaleout) // broadcast.go
+		}
 		return newRemotePort(b, n, k.key, k.codec, vcodec)
 	}
 	n.startRepart = func(r *jobRun, t *taskInfo) error {
@@ -714,13 +725,20 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 		} else {
 			kt.backend.Aborted(n.ID)
 		}
+		if x, ok := kt.fn.(extraState); ok {
+			x.noteExtra(n) // broadcast.go
+		}
 		return nil
 	}
 	snapshot := func(id uint64) (runtime.Ack, error) {
 		if err := wmStore.save(kt.backend, kt.kctx.wm); err != nil {
 			return runtime.Ack{}, fmt.Errorf("save watermark: %w", err)
 		}
-		return runtime.Ack{Part: kt.backend.Snapshot(id)}, nil
+		part := kt.backend.Snapshot(id)
+		if x, ok := kt.fn.(extraState); ok {
+			part = x.snapshotExtra(id, part) // broadcast.go
+		}
+		return runtime.Ack{Part: part}, nil
 	}
 	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
 	aligned := func() (bool, error) {

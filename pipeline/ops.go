@@ -51,7 +51,8 @@ func Retry(attempts int, initial, max time.Duration) OperatorOption {
 	})
 }
 
-// Parallelism sets the number of subtasks of a keyed operator.
+// Parallelism sets the number of subtasks of a keyed operator or of a
+// parallel stage (Rebalance, the async I/O operators, ProcessStream).
 func Parallelism(n int) OperatorOption { return opOptionFunc(func(c *opConfig) { c.parallelism = n }) }
 
 // StateCodec sets the codec of the state a Reduce (Codec[T]) or Aggregate

@@ -55,7 +55,7 @@ type scaleIO struct {
 	repart func(n *node) (topic string, queues []protocol.MessageQueue)
 	// input is the repartition queue a keyed stage's task reads.
 	input protocol.MessageQueue
-	// readUncommitted is ScaleoutFaults.ReadUncommitted.
+	// readUncommitted is failpoint.Scaleout.ReadUncommitted.
 	readUncommitted bool
 }
 

@@ -118,6 +118,9 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 					data = append(data, pc.Data)
 				}
 			}
+			if err := checkRestore(ctx, r, uid, tpc, mine); err != nil { // savepoint.go
+				return err
+			}
 			if err := tpc.Recover(ctx, data); err != nil {
 				return fmt.Errorf("recover: %w", err)
 			}
@@ -135,7 +138,8 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 		async, _ = sk.(sink.AsyncCommitter)
 	}
 	n.startTask = func(r *jobRun, t *taskInfo) error {
-		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, async: async, in: in, log: r.engine.Logger(), hooks: r.hooks}
+		st := &sinkTask[T]{n: n, uid: uid, sk: sk, tpc: tpc, async: async, in: in, log: r.engine.Logger(), hooks: r.hooks,
+			ops: sinkOperatorState(r.engine, uid, sk)}
 		_, err := r.engine.AddTask(uid, runtime.SinkTask, st.run)
 		return err
 	}
@@ -155,7 +159,8 @@ type sinkTask[T any] struct {
 	// stay listed in every checkpoint until h.Resolved.
 	pending    []checkpoint.PendingCommit
 	committing []startedCommit
-	hooks      *runHooks // hooks.go
+	hooks      *runHooks           // hooks.go
+	ops        *OperatorStateStore // the sink's operator state (opstate.go); nil when none
 	log        interface {
 		Warn(msg string, args ...any)
 	}
@@ -169,6 +174,14 @@ type startedCommit struct {
 }
 
 func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, error) {
+	a, err := st.snapshotSink(ctx, id)
+	if err == nil && st.ops != nil {
+		a.Part, err = st.snapshotOpState(id) // opstate.go
+	}
+	return a, err
+}
+
+func (st *sinkTask[T]) snapshotSink(ctx context.Context, id uint64) (runtime.Ack, error) {
 	if st.tpc == nil {
 		flush := func(ctx context.Context, _ struct{}) error { return st.sk.Flush(ctx) }
 		start := time.Now()
@@ -262,6 +275,9 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 		}
 	}()
 	st.h = h
+	if err := st.initOpState(); err != nil { // opstate.go
+		return err
+	}
 	cnt := &counter{stats: st.n.stats}
 	senders := st.in.senderCount() // discovery may add senders (discovery.go)
 	al := newAligner(senders)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/runtime"
 	"github.com/runnel-dev/runnel/source"
 )
@@ -39,12 +40,6 @@ func OnBadRecord(p Policy) SourceOption {
 // off for FromSource.
 func Validate(on bool) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.validate = &on })
-}
-
-// Watermarks is BoundedOutOfOrderness (the same option under its first
-// name).
-func Watermarks(maxOutOfOrder time.Duration) SourceOption {
-	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
 }
 
 // NoWatermarks disables the source's watermarks (event-time timers then
@@ -189,7 +184,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	}()
 	defer h.ReleasePollContext()
 	ports := st.b.ports
-	faulty := st.job.cfg.faults.OffsetsBeforeState
+	faulty := failpoint.Enabled && st.job.cfg.faults.OffsetsBeforeState
 	var prevOffset []byte
 	offsets := func() map[string][]byte {
 		off := reader.Offset()

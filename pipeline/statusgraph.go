@@ -53,6 +53,8 @@ func (r *jobRun) statusGraph() runtime.Graph {
 			switch out.kind {
 			case kindProcess, kindReduce, kindAggregate:
 				kind = "keyed"
+			case kindRebalance, kindAsync, kindOpProcess: // rebalance.go
+				kind = "rebalance"
 			}
 			edge(n, out, kind)
 		}

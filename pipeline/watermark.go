@@ -72,15 +72,15 @@ type watermarkOptions struct {
 // arrive: up to maxOutOfOrder behind the largest event time seen on their
 // split. Each split's watermark is that largest time minus maxOutOfOrder
 // minus 1 ns. The default is 0 (MonotonousTimestamps: records are in order
-// per split). Watermarks is the same option.
+// per split).
 func BoundedOutOfOrderness(maxOutOfOrder time.Duration) SourceOption {
-	return Watermarks(maxOutOfOrder)
+	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
 }
 
 // MonotonousTimestamps declares that event times never decrease within a
 // split: the watermark is the largest event time seen minus 1 ns (the
 // default strategy).
-func MonotonousTimestamps() SourceOption { return Watermarks(0) }
+func MonotonousTimestamps() SourceOption { return BoundedOutOfOrderness(0) }
 
 // CustomWatermarks makes each split generate its watermarks with a
 // generator from newGenerator (called once per split, in the split's task).

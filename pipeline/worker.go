@@ -14,6 +14,7 @@ import (
 
 	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/internal/backoff"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/scaleout"
 	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -52,24 +53,6 @@ func WorkerGroup(g string) JobOption { return jobOptionFunc(func(c *jobConfig) {
 // see internal/scaleout.StandbyOf) replays only the lag instead of
 // rebuilding the state from the broker's snapshot.
 func Standbys(n int) JobOption { return jobOptionFunc(func(c *jobConfig) { c.standbys = n }) }
-
-// ScaleoutFaults are deliberate defects of RunWorker's protocol, for
-// runnel's own crash tests, whose control variants must fail their oracles.
-// Never use them otherwise.
-type ScaleoutFaults struct {
-	// ReadUncommitted: keyed stages take repartition batches whether or not
-	// their origin's commit chain says they count.
-	ReadUncommitted bool
-	// SkipConfirm: a task's published checkpoint counts without reading
-	// its commit chain back, so a fenced owner goes on committing.
-	SkipConfirm bool
-}
-
-// InjectScaleoutFaults enables test-only protocol defects (see
-// ScaleoutFaults).
-func InjectScaleoutFaults(f ScaleoutFaults) JobOption {
-	return jobOptionFunc(func(c *jobConfig) { c.scaleFaults = f })
-}
 
 // SnapshotEvery sets how many checkpoints of a task may follow its latest
 // snapshot in the broker before the next is written (RunWorker; default
@@ -265,6 +248,9 @@ func newWorker(ctx context.Context, c *client.Client, name string, build func(*J
 	if err := tmpl.validate(); err != nil {
 		return nil, err
 	}
+	if err := tmpl.checkSingleProcess(); err != nil { // rebalance.go
+		return nil, err
+	}
 	cfg := tmpl.cfg
 	if cfg.dir == "" {
 		return nil, fmt.Errorf("%w: RunWorker needs a state directory (CheckpointDir)", ErrInvalidGraph)
@@ -299,6 +285,11 @@ func newWorker(ctx context.Context, c *client.Client, name string, build func(*J
 // plan finds the job's stages and their layouts and makes sure the job's
 // topics exist.
 func (w *worker) plan(ctx context.Context, tmpl *Job) error {
+	for _, n := range tmpl.nodes {
+		if n.broadcast {
+			return fmt.Errorf("%w: operator %q: %w", ErrInvalidGraph, n.uid, ErrBroadcastScaleout) // broadcast.go
+		}
+	}
 	heads := tmpl.stageHeads()
 	for _, h := range heads {
 		st := &stageInfo{head: h.uid, keyed: h.kind != kindSource}
@@ -787,7 +778,7 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun, a *taskAttempt) e
 	tr.setState("claiming")
 	cfg := scaleout.WriterConfig{Client: w.c, Producer: w.producer, Follower: w.follower, Group: w.group, Log: tl,
 		Worker: w.c.ClientID(), Fingerprint: w.fpHash, SnapshotEvery: w.cfg.snapshotEvery, Logger: w.log,
-		SkipConfirm: w.cfg.scaleFaults.SkipConfirm}
+		SkipConfirm: failpoint.Enabled && w.cfg.scaleFaults.SkipConfirm}
 	wr, base, err := scaleout.Claim(ctx, cfg)
 	if err != nil {
 		return err
@@ -830,7 +821,7 @@ func (w *worker) runTaskOnce(ctx context.Context, tr *taskRun, a *taskAttempt) e
 	w.mu.Unlock()
 	sc := &taskScope{head: head, local: stageNodes(head), task: tl.Task, owner: wr.OwnerEpoch(), origins: origins,
 		io: &scaleIO{client: w.c, producer: w.producer, group: w.group, dec: w.follower, repart: w.repartOf,
-			readUncommitted: w.cfg.scaleFaults.ReadUncommitted}}
+			readUncommitted: failpoint.Enabled && w.cfg.scaleFaults.ReadUncommitted}}
 	if st.keyed {
 		queues := w.layoutOf(st).Queues(st.input)
 		r := indexOf(queues, tr.q)
@@ -1052,8 +1043,12 @@ func (w *worker) runStandby(ctx context.Context, st *stageInfo, id scaleout.Task
 					w.log.Debug("standby caught up", "task", tl.Task, "checkpoint", at, "segments", rep.Applied, "snapshot", rep.FromSnapshot)
 				}
 			case ctx.Err() == nil:
+				// Retried after a second whether or not the chain
+				// changes again: an idle task publishes nothing more, and
+				// waiting for a change left the copy behind for good.
 				w.log.Warn("standby could not follow its task; retried", "task", tl.Task, "err", err)
 				_ = backoff.Sleep(ctx, time.Second)
+				continue
 			}
 		}
 		select {

@@ -87,6 +87,16 @@ type Config struct {
 	// publishes each task's checkpoints to the broker); nil for a job that
 	// runs in one process.
 	Commit CommitHook
+	// KeepCheckpoints is how many retained copies of completed checkpoints
+	// the job keeps in Dir (restorable with RestoreFrom), taken at most
+	// every RetainInterval (0: after every checkpoint). See savepoint.go.
+	KeepCheckpoints int
+	RetainInterval  time.Duration
+	// RestoreFrom, when set, restores the job from that retained checkpoint
+	// id or savepoint (checkpoint.RestoreFrom) before it starts; applied
+	// once, so a restart with the same value resumes from the latest
+	// checkpoint.
+	RestoreFrom string
 }
 
 // CommitHook takes part in an Engine's checkpoint commits.
@@ -125,6 +135,7 @@ type Engine struct {
 	statusLn net.Listener
 	obs      hooks      // hooks.go
 	page     statusPage // statuspage.go
+	sp       savepoints // savepoint.go
 
 	mu struct {
 		sync.Mutex
@@ -150,6 +161,7 @@ type inflight struct {
 	final   bool
 	started time.Time
 	acks    map[int]Ack
+	sps     []*spRequest // savepoint requests this checkpoint serves (savepoint.go)
 }
 
 // New validates cfg and opens the job's checkpoint store (restoring nothing
@@ -177,7 +189,15 @@ func New(cfg Config) (*Engine, error) {
 		}
 		e.tmpDir, dir = tmp, tmp
 	}
-	store, err := checkpoint.Open(dir, checkpoint.Options{Logger: cfg.Logger, Fingerprint: cfg.Fingerprint})
+	e.sp.init()
+	var err error
+	if cfg.RestoreFrom != "" {
+		err = e.restoreFrom(dir) // savepoint.go
+	}
+	var store *checkpoint.Store
+	if err == nil {
+		store, err = checkpoint.Open(dir, checkpoint.Options{Logger: cfg.Logger, Fingerprint: cfg.Fingerprint, KeepCopies: cfg.KeepCheckpoints})
+	}
 	if err != nil {
 		e.removeTmp()
 		if locked(err) {
@@ -366,6 +386,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		start(h)
 	}
 	err := e.coordinate(ctx, &tasks, start)
+	close(e.sp.ended) // savepoint requests fail from here on
 	if err != nil {
 		cancelTasks()
 	} else {
@@ -374,8 +395,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 	if httpSrv != nil {
-		_ = httpSrv.Close() // stops Serve, joined by wg below
+		// Shutdown lets a stop-with-savepoint request get its answer.
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if httpSrv.Shutdown(sctx) != nil {
+			_ = httpSrv.Close() // stops Serve, joined by wg below
+		}
+		scancel()
 	}
+	e.sp.bg.Wait() // savepoint files being written (savepoint.go)
 	close(quitSampler)
 	stopMetrics()
 	wg.Wait()
@@ -481,12 +508,23 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			pause.Stop()
 		}
 	}()
+	var spQueue []*spRequest // savepoint requests waiting for a checkpoint
+	defer func() {
+		e.mu.Lock()
+		cp := e.mu.inflight
+		e.mu.Unlock()
+		if cp != nil {
+			spQueue = append(spQueue, cp.sps...)
+		}
+		replySavepoints(spQueue, SavepointResult{}, ErrNotRunning)
+	}()
 	trigger := func(stop, final bool) {
 		e.wanted.Store(false) // this checkpoint serves pending requests
 		id := e.ids.Add(1)
 		e.mu.Lock()
-		e.mu.inflight = &inflight{id: id, stop: stop, final: final, started: time.Now(), acks: make(map[int]Ack, len(tasks))}
+		e.mu.inflight = &inflight{id: id, stop: stop, final: final, started: time.Now(), acks: make(map[int]Ack, len(tasks)), sps: spQueue}
 		e.mu.Unlock()
+		spQueue = nil
 		e.log.Debug("checkpoint triggered", "job", e.cfg.Name, "checkpoint", id, "stop", stop, "final", final)
 		e.checkpointBegin(e.mu.inflight) // hooks.go; only this goroutine sets inflight
 		for _, h := range tasks {
@@ -531,6 +569,7 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 		}
 		if complete {
 			err := e.commit(cp)
+			e.afterCommit(cp, err) // savepoint.go: savepoint files, retained copies
 			e.mu.Lock()
 			e.mu.inflight = nil
 			e.mu.Unlock()
@@ -555,6 +594,19 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 				if err := discover(); err != nil {
 					return err
 				}
+				continue
+			}
+		}
+		if cp == nil && len(spQueue) > 0 && !stopping && !allFinished && !wantFinal {
+			stop := false
+			for _, r := range spQueue {
+				stop = stop || r.stop
+			}
+			if stop {
+				stopping = true
+				e.log.Info("stopping with a savepoint", "job", e.cfg.Name)
+			} else {
+				trigger(false, false)
 				continue
 			}
 		}
@@ -596,6 +648,7 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			e.abortLocked(cp)
 			e.mu.inflight = nil
 			e.mu.Unlock()
+			replySavepoints(cp.sps, SavepointResult{}, fmt.Errorf("runtime: savepoint: checkpoint %d timed out", cp.id))
 			if _, fatal := endCheckpoint(cp, fmt.Errorf("runtime: checkpoint %d timed out after %v (%d of %d tasks acknowledged)", cp.id, e.cfg.Timeout, len(cp.acks), len(tasks))); fatal != nil {
 				return fatal
 			}
@@ -605,6 +658,12 @@ func (e *Engine) coordinate(ctx context.Context, all *[]*Handle, start func(*Han
 			discPending = true
 		case <-e.discNow:
 			discPending = true
+		case r := <-e.sp.req:
+			if e.cfg.Dir == "" {
+				replySavepoints([]*spRequest{r}, SavepointResult{}, ErrNoCheckpointDir)
+				break
+			}
+			spQueue = append(spQueue, r)
 		case <-e.wake:
 		}
 	}
@@ -621,6 +680,9 @@ func (e *Engine) abortLocked(cp *inflight) {
 
 func (e *Engine) commit(cp *inflight) error {
 	c := &checkpoint.Commit{ID: cp.id, Offsets: make(map[string][]byte)}
+	if len(cp.sps) > 0 {
+		c.Kind = checkpoint.KindSavepoint
+	}
 	idx := make([]int, 0, len(cp.acks))
 	for i := range cp.acks {
 		idx = append(idx, i)

@@ -149,6 +149,7 @@ func (e *Engine) Status() Status {
 
 func (e *Engine) statusHandler() http.Handler {
 	mux := http.NewServeMux()
-	e.registerStatusRoutes(mux) // statuspage.go: /, /status, /status/history, /ui/
+	e.registerStatusRoutes(mux)    // statuspage.go: /, /status, /status/history, /ui/
+	e.registerSavepointRoutes(mux) // savepoint.go: POST /savepoint
 	return mux
 }

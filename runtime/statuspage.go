@@ -56,8 +56,9 @@ type GraphNode struct {
 }
 
 // GraphEdge is a stream between two operators. Kind is "forward" (chained
-// in one task), "keyed" (a shuffle by key), "side-output", or
-// "dead-letter" (records an operator rejects).
+// in one task), "keyed" (a shuffle by key), "rebalance" (dealt over the
+// subtasks of a parallel stage), "side-output", or "dead-letter" (records
+// an operator rejects).
 type GraphEdge struct {
 	From string `json:"from"`
 	To   string `json:"to"`

@@ -21,7 +21,7 @@
 #
 # Raw output goes to .bench/ (gitignored). Then it prints the benchstat
 # tables: runnel vs official side by side (-col /impl), the Java-peer
-# tables, and the rest.
+# tables, a SYNC_MASTER pair vs a single broker (-col /mode), and the rest.
 #
 # Environment: GO (go), COUNT (argument 1, default 6), BENCHTIME (per
 # benchmark, default 250ms; the whole run takes a few minutes on 2 cores),
@@ -109,10 +109,35 @@ if grep -q '^BenchmarkJavaPeer/' "$out/interop.txt"; then
 	echo
 	benchstat -col /impl@'(runnel java official)' -filter "-/op:rss" "$out/javapeer.txt"
 fi
+ijoin='.name:IntervalJoin' # pipeline's BenchmarkIntervalJoin: the interval join next to a keyed count
+if grep -q '^BenchmarkIntervalJoin/' "$out/root.txt"; then
+	echo
+	echo "### IntervalJoin vs keyed count (base), same input volume, same run (issue 26's target: >= 50 % of keyed count's records/s)"
+	echo
+	benchstat -col /kind@'(keyed-count interval-join)' -filter "$ijoin" "$out/root.txt"
+fi
+# pipeline's parallel stages: Rebalance next to the same job without it,
+# async I/O next to its bound (capacity / latency; the %bound column).
+stages='.name:(RebalanceCPU OR AsyncIO)'
+if grep -q -e '^BenchmarkRebalanceCPU/' -e '^BenchmarkAsyncIO/' "$out/root.txt"; then
+	echo
+	echo "### Rebalance() of a CPU-bound map after a 1-queue source (base: the same job without Rebalance; bare: the same work on GOMAXPROCS goroutines without a job, what the machine allows), same run"
+	echo
+	benchstat -col /job@'(chained rebalance bare)' -filter '.name:RebalanceCPU' "$out/root.txt"
+	echo
+	echo "### async I/O, capacity 100, service latency 5 ms: req/s next to the bound of 20,000 (%bound), same run"
+	echo
+	benchstat -col /service -filter '.name:AsyncIO' "$out/root.txt"
+fi
 echo
-echo "### other benchmarks"
+echo "### SYNC_MASTER pair (base: a single broker, both sync flush), same run: BenchmarkBrokerHASend; target: the pair's msgs/s at least 70 % of the single broker's"
 echo
-benchstat -filter "-$paired -$peer" "runnel=$out/all.txt"
+ha='/mode:(single OR sync-pair)'
+benchstat -col /mode@'(single sync-pair)' -filter "$ha" "$out/root.txt"
+echo
+echo "### other benchmarks (BenchmarkBrokerHALag: replication lag at half the pair's max rate; target: lag-p99-ms at most 50)"
+echo
+benchstat -filter "-($paired OR $peer OR $ha OR $ijoin OR $stages)" "runnel=$out/all.txt"
 if [ -n "$failed" ]; then
 	echo >&2
 	echo "FAILED benchmarks in:$failed (see the go test output above and .bench/*.txt)" >&2

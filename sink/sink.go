@@ -42,6 +42,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -118,3 +119,35 @@ type AsyncCommitter interface {
 	// committed, and reports the first commit that failed.
 	WaitCommits(ctx context.Context) error
 }
+
+// RestoreChecker is implemented by TwoPhaseCommit sinks that can tell
+// whether they already committed output past a checkpoint. When a job is
+// restored from a retained checkpoint or savepoint that is not its latest
+// (pipeline.RestoreFrom), the records after that point are processed
+// again, and a transactional sink would write their output a second time.
+// Before Recover the runtime calls CheckRestore, which must fail
+// (wrapping ErrOutputAhead, saying what it found) when the sink's
+// committed output holds records of transactions after the restored
+// point; the job then fails instead of duplicating output. A sink that
+// does not implement it gets a warning in the job's log.
+type RestoreChecker interface {
+	CheckRestore(ctx context.Context, p RestorePoint) error
+}
+
+// RestorePoint is the checkpoint a job is being restored from, as a
+// RestoreChecker sees it.
+type RestorePoint struct {
+	// CheckpointID is the restored checkpoint's id in the run that took it.
+	CheckpointID uint64
+	// Time is when it was taken.
+	Time time.Time
+	// Pending are the sink's transactions it lists (what PreCommit
+	// returned for it and earlier checkpoints not yet known to be
+	// committed).
+	Pending [][]byte
+}
+
+// ErrOutputAhead is returned (wrapped) by RestoreChecker.CheckRestore when
+// the sink committed output after the restore point: restoring it would
+// write that output again.
+var ErrOutputAhead = errors.New("sink: output already committed past the restore point")

@@ -29,42 +29,6 @@ const DefaultReadCacheSize = 32 << 20
 // MaxNameLen bounds state names.
 const MaxNameLen = 255
 
-// BackendOption configures a Backend.
-type BackendOption interface{ apply(*backendConfig) }
-
-type backendConfig struct {
-	kgStart, kgEnd int
-	bufferLimit    int64
-	cacheSize      int64
-}
-
-type backendOptionFunc func(*backendConfig)
-
-func (f backendOptionFunc) apply(c *backendConfig) { f(c) }
-
-// WithKeyGroupRange limits the backend to key groups [start, end) (see
-// KeyGroupRange). Default: every key group. Timers are loaded from these key
-// groups only.
-func WithKeyGroupRange(start, end uint16) BackendOption {
-	return backendOptionFunc(func(c *backendConfig) { c.kgStart, c.kgEnd = int(start), int(end) })
-}
-
-// WithWriteBufferLimit sets the size (bytes, approximate) of the changes
-// since the last Snapshot above which WantsCheckpoint reports true. Default
-// DefaultWriteBufferLimit.
-func WithWriteBufferLimit(bytes int64) BackendOption {
-	return backendOptionFunc(func(c *backendConfig) { c.bufferLimit = bytes })
-}
-
-// WithReadCacheSize sets the size (bytes, approximate) of the backend's
-// cache of committed values: the values of committed checkpoints and of
-// store reads, so that a key read again after a checkpoint costs a map
-// lookup, not a Pebble read. When it grows past size it is emptied and
-// refills. 0 or less disables it. Default DefaultReadCacheSize.
-func WithReadCacheSize(bytes int64) BackendOption {
-	return backendOptionFunc(func(c *backendConfig) { c.cacheSize = bytes })
-}
-
 // Backend holds the keyed state of one keyed operator subtask. It is NOT
 // safe for concurrent use: one goroutine (the subtask's) calls
 // SetCurrentKey, the handles, Snapshot, Committed and Aborted. The Part that
@@ -115,6 +79,7 @@ type Backend struct {
 	rbuf   []byte            // committed reads
 	states map[string]string // name -> "kind=codec"
 	ttl    map[string]*stateConfig
+	sweep  ttlSweep // ttlsweep.go
 }
 
 // NewBackend returns the backend of operatorUID's subtask on store. It reads
@@ -129,7 +94,7 @@ func NewBackend(store *checkpoint.Store, operatorUID string, maxParallelism int,
 	if maxParallelism < 1 || maxParallelism > MaxMaxParallelism {
 		return nil, fmt.Errorf("%w: max parallelism %d (1..%d)", ErrInvalid, maxParallelism, MaxMaxParallelism)
 	}
-	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit, cacheSize: DefaultReadCacheSize}
+	cfg := backendConfig{kgStart: 0, kgEnd: maxParallelism, bufferLimit: DefaultWriteBufferLimit, cacheSize: DefaultReadCacheSize, ttlSweep: DefaultTTLSweep}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -184,6 +149,14 @@ func (b *Backend) CurrentKey() []byte { return b.key }
 
 // CurrentKeyGroup returns the current key's key group.
 func (b *Backend) CurrentKeyGroup() uint16 { return b.kg }
+
+// ClearCurrentKey leaves the backend without a current key: until the next
+// SetCurrentKey, handles and timers return ErrNoCurrentKey (a broadcast
+// record's function has no key).
+func (b *Backend) ClearCurrentKey() {
+	b.hasKey = false
+	b.epoch++
+}
 
 // register records a state name; names are unique per backend.
 func (b *Backend) register(name, kind, codecID string, cfg *stateConfig) ([]byte, error) {
@@ -413,6 +386,7 @@ func (b *Backend) Snapshot(id uint64) checkpoint.Part {
 		t.flush(b.cur)
 	}
 	b.timerBytes = 0
+	b.sweepTTL(id) // ttlsweep.go: expired committed entries, read or not
 	b.expireCurrent()
 	b.cur.id = id
 	b.frozen = append(b.frozen, b.cur)
@@ -467,6 +441,7 @@ func (b *Backend) Committed(id uint64) {
 	for _, l := range b.frozen[:n] {
 		b.cache.merge(l)
 	}
+	b.sweepCommitted(id) // ttlsweep.go
 	b.release(id)
 	if n > 0 && b.frozen[n-1].ents.len() <= maxLayerHint {
 		if b.lastID <= id {
@@ -598,325 +573,4 @@ func (p *part) WriteTo(w *checkpoint.Writer) error {
 		}
 	}
 	return nil
-}
-
-// sortKey is an entry of a layer to sort: pfx holds the key group and the
-// 6 bytes that follow the part every key of the layer shares (big-endian,
-// zero-padded), so that most comparisons need no string. The sort may
-// overwrite pfx (see sortByKey).
-type sortKey struct {
-	pfx uint64
-	key string
-	i   uint32
-}
-
-// sortedEntries returns l's entries (those in its index) in key order,
-// valid until the next call. It only reads l (but for its sort buffers), so
-// it may run while l's owner reads it too.
-func sortedEntries(l *layer) []sortKey {
-	// lcp: the length of the part after the key group that all keys share.
-	first, lcp := "", -1
-	for i := range l.ents.len() {
-		e := l.ents.at(uint32(i))
-		if !e.written() {
-			continue
-		}
-		k := e.key
-		if lcp < 0 {
-			first, lcp = k[2:], len(k)-2
-			continue
-		}
-		n, j := min(lcp, len(k)-2), 0
-		for j < n && k[2+j] == first[j] {
-			j++
-		}
-		lcp = j
-	}
-	// The sort's buffers stay with the layer (and with the layers that
-	// reuse it): only Commits, which are serialised, touch them.
-	out := slices.Grow(l.sortBuf[:0], l.ents.len())
-	for i := range l.ents.len() {
-		e := l.ents.at(uint32(i))
-		if !e.written() {
-			continue
-		}
-		out = append(out, sortKey{pfx: groupPfx(e.key, 2+lcp), key: e.key, i: uint32(i)})
-	}
-	l.sortTmp = slices.Grow(l.sortTmp[:0], len(out))[:len(out)]
-	radixSortKeys(out, l.sortTmp)
-	l.sortBuf = out
-	return out
-}
-
-// groupPfx is the sort prefix of layer key k: its key group, then the 6
-// bytes of k from at on (zero-padded). Ordering by (groupPfx, k) is k's
-// order when the keys share their bytes between the key group and at.
-func groupPfx(k string, at int) uint64 {
-	var p [8]byte
-	p[0], p[1] = k[0], k[1]
-	copy(p[2:], k[at:])
-	return binary.BigEndian.Uint64(p[:])
-}
-
-// radixSortKeys sorts keys by (pfx, key) (tmp is scratch of the same
-// length): a least-significant-digit radix sort on the bytes of pfx in
-// which the keys differ, then each run of equal pfx by its keys (see
-// sortByKey). Small inputs use a comparison sort.
-func radixSortKeys(keys, tmp []sortKey) {
-	if len(keys) < 256 {
-		slices.SortFunc(keys, cmpSortKey)
-		return
-	}
-	radixSortPfx(keys, tmp)
-	for i := 0; i < len(keys); {
-		j := i + 1
-		for j < len(keys) && keys[j].pfx == keys[i].pfx {
-			j++
-		}
-		if j-i > 1 {
-			sortByKey(keys[i:j], tmp[i:j], 0)
-		}
-		i = j
-	}
-}
-
-func cmpSortKey(a, b sortKey) int {
-	if a.pfx != b.pfx {
-		if a.pfx < b.pfx {
-			return -1
-		}
-		return 1
-	}
-	return strings.Compare(a.key, b.key)
-}
-
-func cmpKey(a, b sortKey) int { return strings.Compare(a.key, b.key) }
-
-// radixSortPfx sorts keys by pfx (stable), skipping the bytes in which no
-// two keys differ.
-func radixSortPfx(keys, tmp []sortKey) {
-	and, or := ^uint64(0), uint64(0)
-	for i := range keys {
-		and &= keys[i].pfx
-		or |= keys[i].pfx
-	}
-	diff := and ^ or
-	src, dst := keys, tmp[:len(keys)]
-	var count [256]int
-	for shift := uint(0); shift < 64; shift += 8 {
-		if (diff>>shift)&0xff == 0 {
-			continue
-		}
-		clear(count[:])
-		for i := range src {
-			count[(src[i].pfx>>shift)&0xff]++
-		}
-		sum := 0
-		for d := range count {
-			c := count[d]
-			count[d] = sum
-			sum += c
-		}
-		for i := range src {
-			d := (src[i].pfx >> shift) & 0xff
-			dst[count[d]] = src[i]
-			count[d]++
-		}
-		src, dst = dst, src
-	}
-	if len(src) > 0 && &src[0] != &keys[0] {
-		copy(keys, src)
-	}
-}
-
-// sortByKey sorts keys, which share at least their first from bytes, by
-// key: a radix sort on the 8 bytes after the run's common prefix, then the
-// same for each run of keys equal in those bytes (a layer whose keys
-// belong to several states shares no prefix past the key group, so the
-// first pfx leaves long runs).
-func sortByKey(keys, tmp []sortKey, from int) {
-	if len(keys) < 64 {
-		slices.SortFunc(keys, cmpKey)
-		return
-	}
-	first := keys[0].key
-	lcp := len(first)
-	for i := 1; i < len(keys) && lcp > from; i++ {
-		k := keys[i].key
-		n, j := min(lcp, len(k)), from
-		for j < n && k[j] == first[j] {
-			j++
-		}
-		lcp = j
-	}
-	if lcp < from {
-		lcp = from
-	}
-	for i := range keys {
-		var p [8]byte
-		if k := keys[i].key; lcp < len(k) {
-			copy(p[:], k[lcp:])
-		}
-		keys[i].pfx = binary.BigEndian.Uint64(p[:])
-	}
-	radixSortPfx(keys, tmp)
-	for i := 0; i < len(keys); {
-		j := i + 1
-		for j < len(keys) && keys[j].pfx == keys[i].pfx {
-			j++
-		}
-		switch {
-		case j-i < 2:
-		case j-i == len(keys):
-			// No byte after the prefix told them apart (keys that
-			// differ only in trailing zero bytes): compare.
-			slices.SortFunc(keys[i:j], cmpKey)
-		default:
-			sortByKey(keys[i:j], tmp[i:j], lcp+8)
-		}
-		i = j
-	}
-}
-
-// StateOption configures one state handle.
-type StateOption interface{ applyState(*stateConfig) }
-
-type stateConfig struct {
-	ttl   time.Duration
-	clock func() time.Time
-}
-
-type stateOptionFunc func(*stateConfig)
-
-func (f stateOptionFunc) applyState(c *stateConfig) { f(c) }
-
-// WithTTL expires entries d after their last write (Flink's
-// OnCreateAndWrite): expired entries are invisible, deleted when a read
-// finds them and when a Snapshot finds them among the changes. clock nil
-// means time.Now. Entries are stored with an 8-byte expiry prefix, so adding
-// or removing a TTL changes the state's codec id (and the fingerprint).
-func WithTTL(d time.Duration, clock func() time.Time) StateOption {
-	return stateOptionFunc(func(c *stateConfig) { c.ttl, c.clock = d, clock })
-}
-
-func stateConfigOf(opts []StateOption) *stateConfig {
-	c := &stateConfig{}
-	for _, o := range opts {
-		o.applyState(c)
-	}
-	return c
-}
-
-// expired reports whether a TTL value (expiry prefix) has expired.
-func expired(val []byte, cfg *stateConfig) bool {
-	return int64(binary.BigEndian.Uint64(val)) <= cfg.clock().UnixNano()
-}
-
-// readCache maps layer keys to committed values (ok false: absent). Keys
-// and values live in an arena; the whole cache is dropped when it outgrows
-// its limit. Only the backend's goroutine uses it.
-type readCache struct {
-	index map[string]uint32 // key (in the arena) -> ents index
-	ents  chunked[cacheEntry]
-	arena arena
-	bytes int64
-	limit int64
-	// gen counts resets: a slot (index in ents) names the same key for
-	// as long as gen is unchanged, so a layer entry that noted its key's
-	// slot (entry.cslot) updates it without a map lookup.
-	gen uint32
-}
-
-type cacheEntry struct {
-	val []byte
-	ok  bool
-}
-
-// get returns key's cached value.
-func (c *readCache) get(key []byte) (val []byte, ok, hit bool) {
-	val, ok, _, hit = c.getSlot(key)
-	return val, ok, hit
-}
-
-// getSlot is get that also returns 1 + key's slot.
-func (c *readCache) getSlot(key []byte) (val []byte, ok bool, slot uint32, hit bool) {
-	i, hit := c.index[unsafeString(key)]
-	if !hit {
-		return nil, false, 0, false
-	}
-	e := c.ents.at(i)
-	return e.val, e.ok, i + 1, true
-}
-
-func (c *readCache) reset() {
-	n := c.ents.len()
-	c.index, c.arena, c.bytes = nil, arena{}, 0
-	c.ents.reset()
-	c.gen++
-	if n > 0 {
-		c.index = make(map[string]uint32, n)
-	}
-}
-
-// put records key's committed value (key and val are copied; ok false:
-// absent) and returns 1 + its slot (0: not cached).
-func (c *readCache) put(key string, val []byte, ok bool) uint32 {
-	if c.limit <= 0 {
-		return 0
-	}
-	if i, had := c.index[key]; had {
-		c.set(i, val, ok)
-		return i + 1
-	}
-	if c.index == nil || c.bytes > c.limit {
-		c.reset()
-		if c.index == nil {
-			c.index = make(map[string]uint32)
-		}
-	}
-	i := c.ents.add(cacheEntry{val: c.arena.copy(val), ok: ok})
-	c.index[unsafeString(c.arena.copy(unsafeBytes(key)))] = i
-	c.bytes += int64(len(key)+len(val)) + 64
-	return i + 1
-}
-
-// set overwrites slot i's value.
-func (c *readCache) set(i uint32, val []byte, ok bool) {
-	e := c.ents.at(i)
-	c.bytes += int64(len(val) - len(e.val))
-	if cap(e.val) >= len(val) {
-		e.val = e.val[:len(val)]
-		copy(e.val, val)
-	} else {
-		e.val = c.arena.copy(val)
-	}
-	e.ok = ok
-}
-
-// merge applies a committed layer: its puts and deletions become the
-// cached values; a range deletion empties the cache first.
-func (c *readCache) merge(l *layer) {
-	if c.limit <= 0 {
-		return
-	}
-	if len(l.ranges) > 0 {
-		c.reset()
-	}
-	for i := range l.ents.len() {
-		e := l.ents.at(uint32(i))
-		switch {
-		case e.nocache || !e.written():
-		case e.cslot != 0 && e.cgen == c.gen && int(e.cslot) <= c.ents.len():
-			c.set(e.cslot-1, e.val, !e.del)
-		case e.del:
-			// Cache a deletion only over a cached value: a key that is
-			// not cached reads the store's absence just as well, and
-			// deleted keys (a fired window's) are rarely read again.
-			if i, had := c.index[e.key]; had {
-				c.set(i, nil, false)
-			}
-		default:
-			c.put(e.key, e.val, !e.del)
-		}
-	}
 }

@@ -72,7 +72,7 @@
 //   - TTL: expired entries are invisible; a read that finds one deletes it in
 //     the current layer, and Snapshot turns expired entries of the changes
 //     into deletions. Expired entries only in the store are removed when read
-//     (there is no background sweep of the store).
+//     and by the TTL sweep (ttlsweep.go), whether read or not.
 //   - Timers are indexed in memory (a heap per domain plus a set) and loaded
 //     at NewTimers from the backend's key groups. A per-domain count moves
 //     with every change of the set (so Len is O(1)); deleted timers stay in

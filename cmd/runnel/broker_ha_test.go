@@ -102,9 +102,9 @@ func TestBrokerCommandHA(t *testing.T) {
 	// The sync-master answered SEND_OK: the slave's log end is the master's.
 	status := run("", "broker", "status", "--namesrv", ns)
 	master := regexp.MustCompile(`(?m)^broker-a\s+0\s+` + regexp.QuoteMeta(m.fields["broker"]) + `\s+master\s+(\d+)\s+slave ` +
-		regexp.QuoteMeta(s.fields["broker"]) + ` acked (\d+) \(lag 0 B, in sync\)$`).FindStringSubmatch(status)
+		regexp.QuoteMeta(s.fields["broker"]) + ` acked (\d+) \(lag 0 B, in sync, sending \d+(\.\d)? [KMG]?i?B/s\)$`).FindStringSubmatch(status)
 	slave := regexp.MustCompile(`(?m)^broker-a\s+1\s+` + regexp.QuoteMeta(s.fields["broker"]) + `\s+slave\s+(\d+)\s+from ` +
-		regexp.QuoteMeta(m.fields["ha"]) + `, master at (\d+) \(lag 0 B\)$`).FindStringSubmatch(status)
+		regexp.QuoteMeta(m.fields["ha"]) + `, master at (\d+) \(lag 0 B, receiving \d+(\.\d)? [KMG]?i?B/s\)$`).FindStringSubmatch(status)
 	if master == nil || slave == nil || master[1] == "0" || master[1] != master[2] || master[1] != slave[1] {
 		t.Fatalf("runnel broker status:\n%s", status)
 	}

@@ -23,8 +23,10 @@ func newBrokerStatusCmd() *cobra.Command {
 replication status (GET_BROKER_HA_STATUS, what mqadmin haStatus shows) and
 prints one line per broker: its name, id, address, role and log end (the
 physical offset of its next record); for a master each connected slave with
-the log end it acknowledged and its lag in bytes, for a slave its master's
-HA address and how far behind it is.
+the log end it acknowledged, its lag in bytes and the bytes per second sent
+to it, for a slave its master's HA address, how far behind it is and the
+bytes per second it receives. The broker's metrics (package otel) carry the
+same figures, and the bytes replicated in total.
 
 Examples:
   runnel broker status
@@ -114,7 +116,8 @@ func describeHA(info *protocol.HARuntimeInfo) (role string, end int64, repl stri
 			if !s.InSync {
 				sync = "NOT in sync"
 			}
-			parts = append(parts, fmt.Sprintf("slave %s acked %d (lag %s, %s)", s.Addr, s.SlaveAckOffset, humanSize(s.Diff), sync))
+			parts = append(parts, fmt.Sprintf("slave %s acked %d (lag %s, %s, sending %s/s)", s.Addr, s.SlaveAckOffset,
+				humanSize(s.Diff), sync, humanSize(s.TransferredByteInSecond)))
 		}
 		if len(parts) == 0 {
 			parts = append(parts, "no slave connected")
@@ -127,7 +130,8 @@ func describeHA(info *protocol.HARuntimeInfo) (role string, end int64, repl stri
 	if master == "" {
 		master = "(unknown master)"
 	}
-	return "slave", cl.MaxOffset, fmt.Sprintf("from %s, master at %d (lag %s)", master, cl.MasterFlushOffset, humanSize(lag))
+	return "slave", cl.MaxOffset, fmt.Sprintf("from %s, master at %d (lag %s, receiving %s/s)", master, cl.MasterFlushOffset,
+		humanSize(lag), humanSize(cl.TransferredByteInSecond))
 }
 
 // humanSize formats a byte count: 512 B, 1.5 KiB, 3.2 MiB.

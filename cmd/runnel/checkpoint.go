@@ -81,35 +81,116 @@ func openLatest(dir string) (*checkpoint.Store, checkpoint.Metadata, error) {
 func newCheckpointListCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "list DIR",
-		Short: "List the retained checkpoints, newest first",
-		Long: `Lists the completed checkpoints whose metadata DIR retains (the job keeps the
-last 3 by default), newest first: id, time, how long the commit took, the size
-of the committed batch, offsets written, state changes, pending sink commits
-added, and whether it came from a savepoint restore. Restores always use the
-newest.
+		Short: "List the checkpoints and savepoints a job can be restored from, newest first",
+		Long: `Lists, newest first, what the checkpoint directory DIR can restore:
+  latest     the job's latest completed checkpoint (what a restart resumes from)
+  retained   retained copies of earlier checkpoints (pipeline.RetainCheckpoints)
+  savepoint  savepoints the running job wrote (runnel savepoint create --job)
+and, as "history", the metadata of the last few checkpoints that were not
+retained (not restorable). Columns: id, time taken, kind, size in bytes
+(retained copies share most files with the store through hard links), origin
+(a periodic checkpoint, one taken as a savepoint, or restored from another
+id), and the path. Restore one by id with the job's restore option
+(pipeline.RestoreFrom, examples/etl -restore ID).
+
+While the job runs its store is locked: the retained copies and savepoints
+are listed, the latest checkpoint is not.
 
 Example:
   runnel checkpoint list /var/lib/jobs/orders`,
 		Args: exactArgs(1, "DIR"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			s, _, err := openLatest(args[0])
+			dir := args[0]
+			points, err := checkpoint.ListRestorePoints(dir)
 			if err != nil {
 				return err
 			}
-			defer func() { err = errors.Join(err, s.Close()) }()
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "ID\tTIME\tDURATION\tBYTES\tOFFSETS\tSTATE CHANGES\tPENDING\tORIGIN")
-			for _, m := range s.History() {
-				origin := "checkpoint"
-				if m.Savepoint {
-					origin = "savepoint restore"
-				}
-				fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%d\t%d\t%d\t%s\n", m.ID, m.Time.Local().Format(time.DateTime), m.Duration.Round(time.Microsecond),
-					m.Bytes, m.Offsets, m.StateChanges, m.PendingCommits, origin)
+			var latest *checkpoint.Metadata
+			var history []checkpoint.Metadata
+			s, md, oerr := openLatest(dir)
+			running := false
+			switch {
+			case oerr == nil:
+				defer func() { err = errors.Join(err, s.Close()) }()
+				latest, history = &md, s.History()
+			case strings.Contains(oerr.Error(), "still running") && len(points) > 0:
+				running = true
+			default:
+				return oerr
 			}
-			return tw.Flush()
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "ID\tTIME\tKIND\tSIZE\tORIGIN\tPATH")
+			row := func(m checkpoint.Metadata, kind string, size int64, path string) {
+				sz := "-"
+				if size >= 0 {
+					sz = fmt.Sprint(size)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Time.Local().Format(time.DateTime), kind, sz, origin(m), path)
+			}
+			if latest != nil {
+				size, err := storeSize(dir)
+				if err != nil {
+					return err
+				}
+				row(*latest, checkpoint.KindLatest, size, dir)
+			}
+			restorable := map[uint64]bool{}
+			for _, p := range points {
+				restorable[p.ID] = true
+				row(p.Metadata, p.Kind, p.Size, p.Path)
+			}
+			for _, m := range history {
+				if latest != nil && m.ID == latest.ID || restorable[m.ID] {
+					continue
+				}
+				row(m, "history", -1, "(not restorable)")
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if running {
+				fmt.Fprintln(cmd.OutOrStdout(), "(the job is running: its latest checkpoint is not shown)")
+			}
+			return nil
 		},
 	}
+}
+
+// origin says where a checkpoint came from.
+func origin(m checkpoint.Metadata) string {
+	switch {
+	case m.RestoredFrom != 0:
+		return fmt.Sprintf("restored from %d", m.RestoredFrom)
+	case m.Savepoint:
+		return "savepoint restore"
+	case m.Kind == checkpoint.KindSavepoint:
+		return "savepoint"
+	}
+	return "checkpoint"
+}
+
+// storeSize is the size of a store's own files (not its retained copies and
+// savepoints).
+func storeSize(dir string) (int64, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		fi, err := e.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed by Pebble meanwhile (an obsolete manifest)
+		}
+		if err != nil {
+			return 0, err
+		}
+		n += fi.Size()
+	}
+	return n, nil
 }
 
 func newCheckpointInspectCmd() *cobra.Command {

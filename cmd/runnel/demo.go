@@ -113,7 +113,7 @@ func runETLDemo(ctx context.Context, f etlDemoFlags, out io.Writer) (err error) 
 	}
 
 	args := []string{"demo", "etl-job", "-namesrv", cl.NameServer(), "-state", filepath.Join(dir, "job"),
-		"-checkpoint-interval", f.interval.String()}
+		"-checkpoint-interval", f.interval.String(), "-status", "127.0.0.1:0"}
 	fmt.Fprintf(out, "running the ETL job as a child process (checkpoint every %v): %s -> %s, invalid -> %s\n",
 		f.interval, etl.DefaultIn, etl.DefaultOut, etl.DefaultDLQ)
 	start := time.Now()
@@ -131,6 +131,9 @@ func runETLDemo(ctx context.Context, f etlDemoFlags, out io.Writer) (err error) 
 	fmt.Fprintf(out, "killed the job with SIGKILL after %d of %d outputs were committed; restarting it\n", n, valid)
 	if job, err = startDemoJob(exe, args); err != nil {
 		return err
+	}
+	if url := awaitStatusURL(ctx, job, 10*time.Second); url != "" {
+		fmt.Fprintf(out, "status page: %s (JSON at %sstatus) while the job runs\n", url, url)
 	}
 	bar := progressbar.NewOptions64(valid, progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("committed"),
 		progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond),
@@ -197,6 +200,25 @@ func produceOrders(ctx context.Context, c *client.Client, samples []etl.Sample, 
 		err = ferr
 	}
 	return err
+}
+
+// awaitStatusURL waits up to d for the job's status line and returns its
+// URL ("" when it did not come: the demo goes on without it).
+func awaitStatusURL(ctx context.Context, j *demoJob, d time.Duration) string {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if m := statusLine.FindStringSubmatch(j.out.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case <-ctx.Done():
+			return ""
+		case <-t.C:
+		}
+	}
 }
 
 // demoJob is a running child job process.

@@ -79,6 +79,7 @@ func TestETLDemoCommand(t *testing.T) {
 		`(?m)^runnel demo: embedded name server 127\.0\.0\.1:\d+, broker 127\.0\.0\.1:\d+$`,
 		`producing 100% .*\(3000/3000`,
 		`(?m)^killed the job with SIGKILL after \d+ of \d+ outputs were committed; restarting it$`,
+		`(?m)^status page: http://127\.0\.0\.1:\d+/ \(JSON at http://127\.0\.0\.1:\d+/status\) while the job runs$`,
 		`(?m)^  valid orders: +\d+, each exactly once: missing 0, duplicated 0$`,
 		`(?m)^  invalid orders: +\d+, in the DLQ exactly once: missing 0, duplicated 0, unexpected 0$`,
 		`(?m)^exactly-once: OK`,

@@ -1,26 +1,35 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/runtime"
 )
 
 func newSavepointCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "savepoint",
-		Short: "Write a job's latest checkpoint to a portable file, or restore one",
-		Long: `Savepoints are portable, checksummed files of a job's latest completed
-checkpoint: source offsets, keyed state and pending sink commits. Take one
-before upgrading or moving a job, keep it as a backup, or start a new
-checkpoint directory from it.
+		Short: "Take a savepoint of a running job, write a stopped job's checkpoint to a file, or restore one",
+		Long: `Savepoints are portable, checksummed files of a completed checkpoint: source
+offsets, keyed state and pending sink commits. Take one of a running job (and
+stop it) before upgrading or moving it, keep it as a backup, restore the job
+from it (pipeline.RestoreFrom), or start a new checkpoint directory from it.
 
 Examples:
+  runnel savepoint create --job 127.0.0.1:8080 --stop
   runnel savepoint create ./ckpt --out orders-2024-05-01.savepoint
   runnel savepoint restore orders-2024-05-01.savepoint ./ckpt-new
   runnel savepoint restore old.savepoint ./ckpt-new --drop-operator old-counter`,
@@ -30,18 +39,45 @@ Examples:
 }
 
 func newSavepointCreateCmd() *cobra.Command {
-	var out string
+	var out, job string
+	var stop bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "create DIR --out FILE",
-		Short: "Write the latest checkpoint of DIR to FILE",
-		Long: `Writes the latest completed checkpoint of the checkpoint directory DIR to
-FILE (written to FILE.tmp, synced, then renamed: FILE is never partial). The
-job must be stopped. An existing FILE is not overwritten.
+		Use:   "create (--job ADDR [--stop] | DIR --out FILE)",
+		Short: "Take a savepoint of a running job, or write a stopped job's latest checkpoint to FILE",
+		Long: `With --job, asks the running job whose status endpoint is at ADDR (its
+pipeline.StatusAddress, host:port) for a savepoint: the job takes a checkpoint
+and writes it, self-contained (source offsets, keyed state, the sinks'
+pre-committed transactions), into savepoints/ of its checkpoint directory,
+and prints its id and file once that file is synced. With --stop the job
+stops after that checkpoint: its sinks commit the savepoint's transactions
+and the job exits (its Run returns nil). Restore with the job's restore option
+(pipeline.RestoreFrom, examples/etl's -restore) by id or by file.
 
-Example:
+Without --job, writes the latest completed checkpoint of the stopped job's
+checkpoint directory DIR to FILE (written to FILE.tmp, synced, then renamed:
+FILE is never partial). An existing FILE is not overwritten.
+
+Examples:
+  runnel savepoint create --job 127.0.0.1:8080
+  runnel savepoint create --job 127.0.0.1:8080 --stop
   runnel savepoint create ./ckpt --out orders.savepoint`,
-		Args: exactArgs(1, "DIR"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if job != "" {
+				if len(args) != 0 {
+					return fmt.Errorf("--job takes no DIR (got %d arguments)", len(args))
+				}
+				return nil
+			}
+			if stop {
+				return errors.New("--stop needs --job ADDR (a stopped job has nothing to stop)")
+			}
+			return exactArgs(1, "DIR")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if job != "" {
+				return savepointOfJob(cmd, job, stop, timeout)
+			}
 			if out == "" {
 				return fmt.Errorf("--out FILE is required (see `%s --help`)", cmd.CommandPath())
 			}
@@ -53,32 +89,70 @@ Example:
 				return err
 			}
 			defer func() { err = errors.Join(err, s.Close()) }()
-			tmp := out + ".tmp"
-			fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			sv, err := s.NewSavepoint()
 			if err != nil {
 				return err
 			}
-			werr := s.WriteSavepoint(cmd.Context(), fh)
-			if werr == nil {
-				werr = fh.Sync()
-			}
-			if err := errors.Join(werr, fh.Close()); err != nil {
-				_ = os.Remove(tmp) // partial: never leave it looking usable
+			n, err := sv.WriteFile(cmd.Context(), out)
+			if err := errors.Join(err, sv.Close()); err != nil {
 				return fmt.Errorf("write savepoint: %w", err)
 			}
-			if err := os.Rename(tmp, out); err != nil {
-				return err
-			}
-			st, err := os.Stat(out)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote savepoint of checkpoint %d to %s (%d bytes)\n", md.ID, out, st.Size())
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote savepoint of checkpoint %d to %s (%d bytes)\n", md.ID, out, n)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&out, "out", "", "savepoint file to write (required)")
+	cmd.Flags().StringVar(&out, "out", "", "savepoint file to write (with DIR)")
+	cmd.Flags().StringVar(&job, "job", "", "status endpoint (host:port) of the running job")
+	cmd.Flags().BoolVar(&stop, "stop", false, "stop the job after the savepoint (with --job)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the savepoint (with --job)")
 	return cmd
+}
+
+// savepointOfJob asks a running job's status endpoint for a savepoint.
+func savepointOfJob(cmd *cobra.Command, addr string, stop bool, timeout time.Duration) error {
+	if strings.Contains(addr, "/") {
+		return fmt.Errorf("--job %q: want the status endpoint's host:port", addr)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("--job %q: want host:port: %w", addr, err)
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	defer cancel()
+	url := "http://" + addr + "/savepoint"
+	if stop {
+		url += "?stop=true"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("savepoint of the job at %s: %w (is the job running with its status endpoint there?)", addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("savepoint of the job at %s: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(body))
+		}
+		return fmt.Errorf("savepoint of the job at %s: %s: %s", addr, resp.Status, e.Error)
+	}
+	var res runtime.SavepointResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("savepoint of the job at %s: bad answer %q: %w", addr, body, err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "savepoint of checkpoint %d written to %s (%d bytes)\n", res.ID, res.Path, res.Bytes)
+	if res.Stop {
+		fmt.Fprintln(cmd.OutOrStdout(), "the job stops: its sinks commit this checkpoint's transactions, then it exits")
+	}
+	return nil
 }
 
 func newSavepointRestoreCmd() *cobra.Command {

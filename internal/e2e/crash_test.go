@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
 	"github.com/runnel-dev/runnel/source"
@@ -62,8 +63,9 @@ func crashChild() int {
 		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if os.Getenv(envControl) != "" {
-		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
+		opts = append(opts, jobFaults(failpoint.Pipeline{OffsetsBeforeState: true})...)
 	}
+	opts = append(opts, savepointChildOptions()...) // savepoint_test.go
 	job := pipeline.New("crash-count", opts...)
 	gen := source.NewGenerator(crashSplits, crashPerSplit, func(split int, seq uint64) uint64 {
 		if seq%6 == 5 {
@@ -117,6 +119,9 @@ func (f *countFn) OnTimer(*pipeline.KeyedContext[uint64, counted], pipeline.Time
 // finish, and returns the per-key counts found in the KV sink.
 func runCrashSchedule(t *testing.T, seed uint64, kills int, control bool) map[uint64]int64 {
 	t.Helper()
+	if control {
+		requireFailpoints(t)
+	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 1))
 	start := func() *exec.Cmd {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
@@ -113,7 +114,7 @@ func TestETLChild(t *testing.T) {
 	par, _ := strconv.Atoi(os.Getenv(envETLPar))
 	var opts []mqsink.TxOption
 	if h := killHook(os.Getenv(envETLKill)); h != nil {
-		opts = append(opts, mqsink.WithPhaseHook(h))
+		opts = append(opts, phaseHook(h)...)
 	}
 	if w := os.Getenv(envETLWindow); w != "" {
 		d, err := time.ParseDuration(w)
@@ -123,7 +124,7 @@ func TestETLChild(t *testing.T) {
 		opts = append(opts, mqsink.WithDiscardWindow(d))
 	}
 	if os.Getenv(envETLControl) != "" {
-		opts = append(opts, mqsink.WithTxFaults(mqsink.TxFaults{CommitBeforeDurable: true}))
+		opts = append(opts, txFaults(failpoint.Tx{CommitBeforeDurable: true})...)
 	}
 	err = etl.Run(ctx, c, etl.Config{SingleProcess: true, In: etlIn, Out: etlOut, DLQ: etlDLQ, Group: "etl_e2e", StateDir: filepath.Join(os.Getenv(envETLDir), "job"),
 		CheckpointInterval: interval, Parallelism: par, SinkOptions: opts,
@@ -198,6 +199,9 @@ type etlRunOpts struct {
 
 func (e *etlEnv) startChild(t *testing.T, o etlRunOpts) *etlChild {
 	t.Helper()
+	if o.kill != "" || o.control {
+		requireFailpoints(t)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestETLChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envETLChild+"=1", envETLDir+"="+o.dir, envETLNamesrv+"="+e.ns.Addr(),
 		envETLInterval+"="+o.interval.String(), envETLPar+"="+strconv.Itoa(max(o.par, 1)), envETLKill+"="+o.kill)

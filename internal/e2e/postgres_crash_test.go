@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink/postgres"
 	"github.com/runnel-dev/runnel/source"
@@ -57,11 +58,11 @@ func pgCrashChild(mode string) int {
 	case "exactly-once":
 		// The delays widen the PREPARE .. COMMIT PREPARED window the parent
 		// aims some kills at.
-		opts = append(opts, postgres.WithExactlyOnce(jobName, pgSinkUID, 0),
-			postgres.WithFaults(postgres.Faults{PrepareDelay: 15 * time.Millisecond, CommitDelay: 15 * time.Millisecond}))
+		opts = append(opts, postgres.WithExactlyOnce(jobName, pgSinkUID, 0))
+		opts = append(opts, pgFaults(failpoint.Postgres{PrepareDelay: 15 * time.Millisecond, CommitDelay: 15 * time.Millisecond})...)
 	case "control":
-		opts = append(opts, postgres.WithExactlyOnce(jobName, pgSinkUID, 0),
-			postgres.WithFaults(postgres.Faults{CommitEarly: true, PrepareDelay: 30 * time.Millisecond}))
+		opts = append(opts, postgres.WithExactlyOnce(jobName, pgSinkUID, 0))
+		opts = append(opts, pgFaults(failpoint.Postgres{CommitEarly: true, PrepareDelay: 30 * time.Millisecond})...)
 	case "idempotent":
 		opts = append(opts, postgres.WithIdempotent("id"), postgres.WithReplayCounter("replays"), postgres.WithBatchSize(200))
 	default:
@@ -98,6 +99,9 @@ type pgCrashResult struct {
 // is prepared (or, in the control mode, committed early) and kill at once.
 func runPGCrashLoop(t *testing.T, mode string, kills int) pgCrashResult {
 	t.Helper()
+	if mode == "control" {
+		requireFailpoints(t)
+	}
 	dsn := os.Getenv(envPGDSN)
 	if dsn == "" {
 		t.Skipf("%s is not set: skipping the PostgreSQL crash test (.ci/run sets it when PostgreSQL runs locally)", envPGDSN)

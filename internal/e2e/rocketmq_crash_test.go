@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/sink"
@@ -119,7 +120,7 @@ func TestRocketMQCrashChild(t *testing.T) {
 		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if os.Getenv(envMQControl) != "" {
-		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
+		opts = append(opts, jobFaults(failpoint.Pipeline{OffsetsBeforeState: true})...)
 	}
 	src, err := srcmq.New(c, mqCrashTopic, srcmq.WithStop(srcmq.StopAtLatest()), srcmq.WithGroup("e2e_crash"))
 	if err != nil {
@@ -153,6 +154,9 @@ func TestRocketMQCrashChild(t *testing.T) {
 // counts in the KV sink.
 func runMQCrashSchedule(t *testing.T, e *mqEnv, seed uint64, kills int, control bool) map[uint64]int64 {
 	t.Helper()
+	if control {
+		requireFailpoints(t)
+	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 2))
 	var out bytes.Buffer // the current child's output, shown when it fails
@@ -220,7 +224,7 @@ func TestE2ERocketMQCrashExactlyOnce(t *testing.T) {
 }
 
 // TestE2ERocketMQCrashControl proves the check above can fail: with source
-// offsets checkpointed behind the state (pipeline.InjectFaults), restores
+// offsets checkpointed behind the state (failpoint.Pipeline), restores
 // count records twice.
 func TestE2ERocketMQCrashControl(t *testing.T) {
 	seed := testSeed(t)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/windows/clicks"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/pipeline"
 	"github.com/runnel-dev/runnel/pipeline/window"
 	"github.com/runnel-dev/runnel/sink"
@@ -43,7 +44,7 @@ func buildWindowsJob(dir string, par int, throttle, control bool) (*pipeline.Job
 		pipeline.Hooks(&checkpointMarker{path: markerPath(dir)}),
 	}
 	if control {
-		opts = append(opts, pipeline.InjectFaults(pipeline.Faults{OffsetsBeforeState: true}))
+		opts = append(opts, jobFaults(failpoint.Pipeline{OffsetsBeforeState: true})...)
 	}
 	job := pipeline.New("windows-crash", opts...)
 	gen := clicks.Gen
@@ -143,6 +144,9 @@ func windowsReference(t *testing.T) (results, late map[string]string) {
 // its sinks' contents.
 func runWindowsCrash(t *testing.T, seed uint64, kills int, control bool) (results, late map[string]string) {
 	t.Helper()
+	if control {
+		requireFailpoints(t)
+	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 2))
 	start := func() *exec.Cmd {

@@ -3,7 +3,6 @@ package interop
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,14 +24,6 @@ func TestScaleoutETLKillJava(t *testing.T) {
 	if raceEnabled {
 		runWithoutRace(t, "^TestScaleoutETLKillJava$")
 		return
-	}
-	if os.Getenv("RUNNEL_TEST_SCALEOUT_JAVA") == "" {
-		// Apache RocketMQ (5.3.3 and 4.9.7) stores a half message again when
-		// END_TRANSACTION commit is repeated for it, and the exactly-once
-		// sink repeats the commits of a restored checkpoint's transactions
-		// (on runnel's broker a repeat is refused): this test finds the
-		// duplicates. It runs once the sink stops repeating them.
-		t.Skip("known divergence: a repeated END_TRANSACTION commit duplicates on Apache RocketMQ's broker; RUNNEL_TEST_SCALEOUT_JAVA=1 runs it")
 	}
 	d := javapeer.Require(t)
 	jc := d.RunCluster(t)

@@ -23,6 +23,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
@@ -70,7 +71,7 @@ func TestScaleoutETLChild(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv(envSOKill)); err == nil && n > 0 {
 		var commits int
 		var mu sync.Mutex
-		sinkOpts = append(sinkOpts, mqsink.WithPhaseHook(func(p mqsink.Phase, _ uint64) {
+		sinkOpts = append(sinkOpts, phaseHook(func(p mqsink.Phase, _ uint64) {
 			if p != mqsink.PhaseCommitStart {
 				return
 			}
@@ -82,14 +83,14 @@ func TestScaleoutETLChild(t *testing.T) {
 				fmt.Fprintf(os.Stderr, "scaleout child: SIGKILL in commit %d\n", n)
 				time.AfterFunc(time.Duration(1+rand.IntN(3))*time.Millisecond, func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) })
 			}
-		}))
+		})...)
 	}
 	var wopts []pipeline.JobOption
 	switch os.Getenv(envSOControl) {
 	case "read-uncommitted":
-		wopts = append(wopts, pipeline.InjectScaleoutFaults(pipeline.ScaleoutFaults{ReadUncommitted: true}))
+		wopts = append(wopts, scaleoutFaults(failpoint.Scaleout{ReadUncommitted: true})...)
 	case "skip-confirm":
-		wopts = append(wopts, pipeline.InjectScaleoutFaults(pipeline.ScaleoutFaults{SkipConfirm: true}))
+		wopts = append(wopts, scaleoutFaults(failpoint.Scaleout{SkipConfirm: true})...)
 	}
 	err = etl.Run(ctx, c, etl.Config{In: soIn, Out: soOut, DLQ: soDLQ, Group: soJob, StateDir: os.Getenv(envSODir),
 		CheckpointInterval: interval, Ranges: 8, SinkOptions: sinkOpts, WorkerOptions: wopts,
@@ -113,7 +114,7 @@ type soEnv struct {
 	c              *client.Client
 	samples        []etl.Sample
 	valid, invalid int64
-	control        string // a ScaleoutFaults control mode, "" for none
+	control        string // a failpoint.Scaleout control mode, "" for none
 	base           string
 	dirs           int
 }
@@ -248,6 +249,9 @@ func stopAll(workers []*soChild) {
 
 func (e *soEnv) start(name, dir, kill string) *soChild {
 	e.t.Helper()
+	if kill != "" || e.control != "" {
+		requireFailpoints(e.t)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleoutETLChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envSOChild+"=1", envSONamesrv+"="+e.ns, envSODir+"="+dir, envSOName+"="+name,
 		envSOInterval+"=200ms", envSOKill+"="+kill)

@@ -44,6 +44,7 @@ type codeCounter struct {
 	mu    sync.Mutex
 	n     map[int32]int
 	sends map[string]int
+	pulls map[string]int // PULL_MESSAGE by topic
 }
 
 func (c *codeCounter) intercept(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, bool) {
@@ -55,13 +56,17 @@ func (c *codeCounter) intercept(_ context.Context, rc *remoting.RequestCtx) (*pr
 	case protocol.ReqSendMessageV2:
 		topic, _ = req.Ext("b")
 	}
+	pulled, _ := req.Ext("topic")
 	c.mu.Lock()
 	if c.n == nil {
-		c.n, c.sends = map[int32]int{}, map[string]int{}
+		c.n, c.sends, c.pulls = map[int32]int{}, map[string]int{}, map[string]int{}
 	}
 	c.n[req.Code]++
 	if topic != "" {
 		c.sends[topic]++
+	}
+	if req.Code == protocol.ReqPullMessage {
+		c.pulls[pulled]++
 	}
 	c.mu.Unlock()
 	return nil, false
@@ -72,6 +77,13 @@ func (c *codeCounter) sendsTo(topic string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sends[topic]
+}
+
+// pullsOf counts the PULL_MESSAGE requests for topic.
+func (c *codeCounter) pullsOf(topic string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pulls[topic]
 }
 
 func (c *codeCounter) count(code int32) int {

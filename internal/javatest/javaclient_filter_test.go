@@ -3,12 +3,14 @@ package javatest
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/testutil"
+	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
@@ -142,6 +144,54 @@ func testJavaClientSQL92Refused(t *testing.T, version string) {
 		t.Fatalf("push consumer with an SQL92 selector failed with\n%v\nwant an MQClientException %q", err, want)
 	}
 	if n := p.codes.count(protocol.ReqCheckClientConfig); n == 0 {
+		t.Error("no CHECK_CLIENT_CONFIG reached the broker")
+	}
+}
+
+// TestJavaClientSQL92 subscribes the official Java client's push consumer
+// (5.3.3 and 4.9.7) with an SQL92 selector to runnel's broker with the
+// property filter on (WithPropertyFilter, Java's enablePropertyFilter):
+// exactly the messages whose property i satisfies it are delivered, none
+// of the others.
+func TestJavaClientSQL92(t *testing.T) {
+	for _, v := range []string{javapeer.Version5, javapeer.Version4} {
+		t.Run(v, func(t *testing.T) { t.Parallel(); testJavaClientSQL92(t, v) })
+	}
+}
+
+func testJavaClientSQL92(t *testing.T, version string) {
+	d := javapeer.RequireVersion(t, version)
+	p := startConsumePeer(t, broker.WithPropertyFilter(true))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	topic := uniqueName(t, "T")
+	qs := testutil.CreateTopic(t, p.client, p.BrokerAddr, topic, 2)
+	sent := p.sendN(t, ctx, qs, 0, 12, nil)
+	want := map[string]fedMsg{}
+	for _, s := range sent {
+		if s.i >= 3 && s.i < 9 && s.i != 5 {
+			want[s.id] = s
+		}
+	}
+	evs, err := d.NewDriver(t).Run(ctx, p.NameServer, "push", "--topic", topic, "--group", uniqueName(t, "G"),
+		"--sql", "i >= 3 AND i < 9 AND i <> 5 AND javapeer_case = 'consume'", "--count", strconv.Itoa(len(want)), "--timeout-ms", "60000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, ev := range eventsOf(evs, "recv") {
+		s, ok := want[ev.Str("id")]
+		if !ok {
+			t.Errorf("delivered a message the selector excludes: %v", ev)
+			continue
+		}
+		checkRecv(t, "sql92", ev, s)
+		got[s.id] = true
+	}
+	if len(got) != len(want) {
+		t.Errorf("delivered %d of the %d selected messages", len(got), len(want))
+	}
+	if p.codes.count(protocol.ReqCheckClientConfig) == 0 {
 		t.Error("no CHECK_CLIENT_CONFIG reached the broker")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/checkpoint"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/scaleout"
 	"github.com/runnel-dev/runnel/internal/testutil"
@@ -62,6 +63,7 @@ func TestJavaBrokerExactlyOnceCheckBackAfterCommit(t *testing.T) {
 }
 
 func testCheckBackAfterCommit(t *testing.T, d *javapeer.Dist, jc *javapeer.Cluster, scale bool) {
+	requireFailpoints(t)
 	ctx := bg(t, 2*time.Minute)
 	cl := newJavaClient(t, jc, client.WithHeartbeatInterval(500*time.Millisecond))
 	topic := uniqueName(t, "cbout")
@@ -71,14 +73,14 @@ func testCheckBackAfterCommit(t *testing.T, d *javapeer.Dist, jc *javapeer.Clust
 	var checksAfter atomic.Int64
 	s, err := mqsink.NewExactlyOnce(cl, func(i int) (*client.Message, error) {
 		return &client.Message{Topic: topic, Body: []byte("k:" + strconv.Itoa(i)), ShardingKey: "k"}, nil
-	}, mqsink.WithPhaseHook(func(p mqsink.Phase, epoch uint64) {
+	}, phaseHook(func(p mqsink.Phase, epoch uint64) {
 		if p == mqsink.PhaseCheckBack {
 			checks.Add(1)
 			if epoch <= uint64(committed.Load()) {
 				checksAfter.Add(1)
 			}
 		}
-	}))
+	})...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,12 +210,13 @@ func testCheckBackAfterCommit(t *testing.T, d *javapeer.Dist, jc *javapeer.Clust
 
 // TestJavaBrokerExactlyOnceLostEndAnswers: the answers of three
 // END_TRANSACTION commits the Java broker applied are lost
-// (TxFaults.LoseEndAnswers: the sink sees an unknown outcome, as after a
+// (failpoint.Tx.LoseEndAnswers: the sink sees an unknown outcome, as after a
 // timeout or a connection closed in flight). The sink asks the output
 // queue whether they were committed before sending them again, and every
 // record is visible once; the control, sending them again blindly
-// (TxFaults.BlindEndRetry), makes the Java broker store those three twice.
+// (failpoint.Tx.BlindEndRetry), makes the Java broker store those three twice.
 func TestJavaBrokerExactlyOnceLostEndAnswers(t *testing.T) {
+	requireFailpoints(t)
 	eachBrokerParallel(t, func(t *testing.T, d *javapeer.Dist, c *javapeer.Cluster) {
 		for _, control := range []bool{false, true} {
 			t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
@@ -225,7 +228,7 @@ func TestJavaBrokerExactlyOnceLostEndAnswers(t *testing.T) {
 				const n, lost = 40, 3
 				s, err := mqsink.NewExactlyOnce(cl, func(i int) (*client.Message, error) {
 					return &client.Message{Topic: topic, Body: []byte("r" + strconv.Itoa(i)), ShardingKey: strconv.Itoa(i % 7)}, nil
-				}, mqsink.WithTxGroup(uniqueName(t, "lostg")), mqsink.WithTxFaults(mqsink.TxFaults{LoseEndAnswers: lost, BlindEndRetry: control}))
+				}, append(txFaults(failpoint.Tx{LoseEndAnswers: lost, BlindEndRetry: control}), mqsink.WithTxGroup(uniqueName(t, "lostg")))...)
 				if err != nil {
 					t.Fatal(err)
 				}

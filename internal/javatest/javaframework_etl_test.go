@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
@@ -101,11 +102,11 @@ func TestJavaBrokerETLChild(t *testing.T) {
 	}
 	var opts []mqsink.TxOption
 	if h := jetlKillHook(os.Getenv(envJETLKill)); h != nil {
-		opts = append(opts, mqsink.WithPhaseHook(h))
+		opts = append(opts, phaseHook(h)...)
 	}
 	mode := os.Getenv(envJETLFaults)
 	if mode == "blind-restore" {
-		opts = append(opts, mqsink.WithTxFaults(mqsink.TxFaults{BlindRestoreCommit: true}))
+		opts = append(opts, txFaults(failpoint.Tx{BlindRestoreCommit: true})...)
 	}
 	err = etl.Run(ctx, c, etl.Config{SingleProcess: true, AtLeastOnce: mode == "at-least-once", In: names[0], Out: names[1], DLQ: names[2], Group: names[3],
 		StateDir: filepath.Join(os.Getenv(envJETLDir), "job"), CheckpointInterval: interval, Parallelism: 2, SinkOptions: opts,
@@ -161,6 +162,9 @@ type jetlChild struct {
 
 func (e *jetlEnv) start(t *testing.T, kill, faults string, interval time.Duration) *jetlChild {
 	t.Helper()
+	if kill != "" || faults == "blind-restore" {
+		requireFailpoints(t)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestJavaBrokerETLChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envJETLChild+"=1", envJETLNamesrv+"="+e.jc.NameServer, envJETLDir+"="+e.dir,
 		envJETLTopics+"="+strings.Join([]string{e.in, e.out, e.dlq, e.grp}, ","), envJETLInterval+"="+interval.String(),
@@ -364,7 +368,7 @@ func TestJavaBrokerETLExactlyOnce(t *testing.T) {
 // TestJavaBrokerETLControl proves the kill test can fail on the Java
 // broker: with the sink's restore committing the restored checkpoint's
 // half messages again without looking for what the killed run committed
-// (TxFaults.BlindRestoreCommit), a kill once a commit's END_TRANSACTIONs
+// (failpoint.Tx.BlindRestoreCommit), a kill once a commit's END_TRANSACTIONs
 // were all answered duplicates that commit's records.
 func TestJavaBrokerETLControl(t *testing.T) {
 	_, jc := javaCluster(t, javapeer.Version5)

@@ -279,3 +279,46 @@ func mergeKeys[V any](a, b map[string]V) map[string]bool {
 	}
 	return out
 }
+
+// TestCoreDependencies keeps what a user's go.mod lists small (issue 22
+// item 11): since Go 1.17 a module's go.mod lists only the modules that
+// provide packages its packages import, so a job importing runnel's core
+// packages gets the modules of their import graph and nothing else of
+// runnel's go.mod. The optional adapters (PostgreSQL, AMQP and watermill,
+// OpenTelemetry, the OTLP exporter, the CLI) must stay out of that graph;
+// Pebble (which brings the Prometheus client) and validator are the core's.
+func TestCoreDependencies(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	adapters := []string{
+		"github.com/jackc/pgx", "github.com/rabbitmq/amqp091-go", "github.com/ThreeDotsLabs/watermill",
+		"github.com/spf13/cobra", "github.com/spf13/pflag", "github.com/schollz/progressbar",
+		"go.opentelemetry.io/otel/exporters/otlp", "google.golang.org/grpc", "google.golang.org/genproto",
+	}
+	for _, c := range []struct {
+		pkgs   []string
+		banned []string
+	}{
+		{[]string{"./pipeline", "./pipeline/window", "./source", "./source/rocketmq", "./source/sourcetest",
+			"./sink", "./sink/rocketmq", "./sink/sinktest", "./state", "./checkpoint", "./transport/client", "./embedded"},
+			append([]string{"go.opentelemetry.io/otel"}, adapters...)},
+		// Instrumentation without the OTLP exporter (otel/otelenv has it).
+		{[]string{"./otel"}, adapters},
+	} {
+		args := append([]string{"list", "-deps", "-f", "{{if .Module}}{{.Module.Path}}{{end}}"}, c.pkgs...)
+		cmd := exec.Command("go", args...)
+		cmd.Dir = repoRoot(t)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list %v: %v", c.pkgs, err)
+		}
+		for _, mod := range strings.Fields(string(out)) {
+			for _, b := range c.banned {
+				if mod == b || strings.HasPrefix(mod, b+"/") {
+					t.Errorf("%v depend on module %s (an optional adapter's)", c.pkgs, mod)
+				}
+			}
+		}
+	}
+}

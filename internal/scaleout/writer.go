@@ -63,7 +63,7 @@ type WriterConfig struct {
 	SnapshotEvery int
 	SnapshotBytes int64
 	Logger        *slog.Logger
-	// SkipConfirm is a test fault (pipeline.ScaleoutFaults): Publish
+	// SkipConfirm is a test fault (failpoint.Scaleout): Publish
 	// trusts its record without reading the chain back.
 	SkipConfirm bool
 }

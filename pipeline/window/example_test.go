@@ -63,3 +63,41 @@ func Example() {
 	// bob 12:00:10-12:00:20 1
 	// bob 12:00:20-12:00:30 1
 }
+
+// ExampleJoin joins two keyed streams per key and 1-minute window.
+func ExampleJoin() {
+	type reading struct {
+		Sensor string
+		At     time.Time
+		V      float64
+	}
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	ts := pipeline.Timestamps(func(r reading) time.Time { return r.At })
+	job := pipeline.New("temperature-humidity")
+	temps := pipeline.FromSource(job, "temps", source.NewSlice([]reading{{"s1", at(5), 21.5}, {"s1", at(70), 22}, {"s2", at(10), 19}}, 1), ts)
+	hums := pipeline.FromSource(job, "hums", source.NewSlice([]reading{{"s1", at(30), 40}, {"s2", at(65), 55}}, 1), ts)
+	bySensor := func(r reading) string { return r.Sensor }
+	c := pipeline.ConnectKeyed(pipeline.KeyBy(temps, bySensor), pipeline.KeyBy(hums, bySensor))
+	res := window.Join(c, "join", window.Tumbling(time.Minute), func(t, h reading) (string, error) {
+		return fmt.Sprintf("%.1f°C %.0f%%", t.V, h.V), nil
+	})
+	var mu sync.Mutex
+	var got []string
+	pipeline.To(res, "collect", sink.NewFunc(func(_ context.Context, r window.Result[string, string]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprintf("%s %s-%s %s", r.Key, r.Start.Format("15:04"), r.End.Format("15:04"), r.Value))
+		return nil
+	}, nil))
+	if err := job.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	slices.Sort(got)
+	for _, s := range got {
+		fmt.Println(s)
+	}
+	// Output:
+	// s1 12:00-12:01 21.5°C 40%
+}

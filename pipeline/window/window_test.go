@@ -47,7 +47,7 @@ func TestTumblingLatenessAndLateRecords(t *testing.T) {
 		{"a", 25, 0}, // watermark 23s-1ns: [10,20) fires
 	}
 	job := newJob(t, "tumbling")
-	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.Watermarks(2*time.Second))
+	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.BoundedOutOfOrderness(2*time.Second))
 	lateTag := pipeline.NewOutputTag[ev]("late")
 	counts := window.Apply(pipeline.KeyBy(src, key), "w", window.Tumbling(10*time.Second), window.Count[ev](),
 		window.AllowedLateness(5*time.Second), window.LateRecords(lateTag))
@@ -147,7 +147,7 @@ func TestSessionMerges(t *testing.T) {
 		{"a", 17, 9}, // bridges [14,19) and [20,25) into [14,25)
 	}
 	job := newJob(t, "sessions")
-	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.Watermarks(10*time.Second))
+	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}}, pipeline.BoundedOutOfOrderness(10*time.Second))
 	keyed := pipeline.KeyBy(src, key)
 	counts := window.Apply(keyed, "count", window.Session(5*time.Second), window.Count[ev]())
 	means := window.Apply(keyed, "avg", window.Session(5*time.Second), window.AggregateFn[ev, avgAcc, float64](avg{}, nil))
@@ -397,7 +397,7 @@ func TestIdleSplit(t *testing.T) {
 			hold := make(chan struct{})
 			opt, ready := started()
 			job := newJob(t, "idle", opt)
-			opts := []pipeline.SourceOption{pipeline.Watermarks(time.Second)}
+			opts := []pipeline.SourceOption{pipeline.BoundedOutOfOrderness(time.Second)}
 			if idle {
 				opts = append(opts, pipeline.IdleTimeout(30*time.Millisecond))
 			}

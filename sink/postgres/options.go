@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/runnel-dev/runnel/internal/failpoint"
 )
 
 // Mode is the delivery guarantee of a Sink.
@@ -33,21 +35,6 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// Faults injects deliberate bugs and delays for tests that prove the
-// exactly-once checks can fail, or that need to land a crash in a narrow
-// window. Never set them outside tests.
-type Faults struct {
-	// CommitEarly commits each transaction right after preparing it, before
-	// the checkpoint that lists it is durable: a crash then duplicates rows.
-	CommitEarly bool
-	// PrepareDelay waits after PREPARE TRANSACTION before PreCommit returns
-	// (a crash then leaves a prepared transaction no checkpoint lists).
-	PrepareDelay time.Duration
-	// CommitDelay waits before COMMIT PREPARED (a crash then leaves a
-	// prepared transaction the latest checkpoint lists).
-	CommitDelay time.Duration
-}
-
 type config struct {
 	mode          Mode
 	job, uid      string
@@ -62,7 +49,7 @@ type config struct {
 	commitTable   string
 	lockTimeout   time.Duration
 	log           *slog.Logger
-	faults        Faults
+	faults        failpoint.Postgres
 	modeSet       bool
 	exactlyOnceID bool
 }
@@ -140,6 +127,3 @@ func WithLockTimeout(d time.Duration) Option {
 
 // WithLogger sets the logger (nil discards).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.log = l }) }
-
-// WithFaults injects test-only faults (see Faults).
-func WithFaults(f Faults) Option { return optionFunc(func(c *config) { c.faults = f }) }

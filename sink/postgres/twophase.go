@@ -7,10 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/runnel-dev/runnel/internal/backoff"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 )
 
 // txnVersion is the first byte of a pre-commit description.
@@ -193,7 +195,7 @@ func (s *Sink[T]) PreCommit(ctx context.Context, checkpointID uint64) ([]byte, e
 	}
 	gid := s.gid(checkpointID)
 	insert := "INSERT INTO " + s.marker + " (gid, job, sink, subtask, checkpoint) VALUES ($1, $2, $3, $4, $5)"
-	if s.cfg.faults.CommitEarly {
+	if failpoint.Enabled && s.cfg.faults.CommitEarly {
 		// A run that committed early may have committed this gid already.
 		insert += " ON CONFLICT (gid) DO NOTHING"
 	}
@@ -232,12 +234,12 @@ func (s *Sink[T]) PreCommit(ctx context.Context, checkpointID uint64) ([]byte, e
 	s.epoch, s.epochN = s.epoch[:0], 0
 	s.highest = max(s.highest, checkpointID)
 	s.stats.prepared.Add(1)
-	if s.cfg.faults.CommitEarly {
+	if failpoint.Enabled && s.cfg.faults.CommitEarly {
 		if err := s.do(ctx, "commit "+gid, func(ctx context.Context) error { return s.commitGID(ctx, gid) }); err != nil {
 			return nil, err
 		}
 	}
-	if err := backoff.Sleep(ctx, s.cfg.faults.PrepareDelay); err != nil {
+	if err := failpointSleep(ctx, s.cfg.faults.PrepareDelay); err != nil {
 		return nil, err
 	}
 	return encodeTxn(checkpointID, gid), nil
@@ -323,7 +325,7 @@ func (s *Sink[T]) Commit(ctx context.Context, txn []byte) error {
 		return err
 	}
 	if gid != "" {
-		if err := backoff.Sleep(ctx, s.cfg.faults.CommitDelay); err != nil {
+		if err := failpointSleep(ctx, s.cfg.faults.CommitDelay); err != nil {
 			return err
 		}
 		if err := s.do(ctx, "commit "+gid, func(ctx context.Context) error { return s.commitGID(ctx, gid) }); err != nil {
@@ -472,4 +474,13 @@ func compareU64(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// failpointSleep waits d (a failpoint delay) unless failpoints are compiled
+// out.
+func failpointSleep(ctx context.Context, d time.Duration) error {
+	if !failpoint.Enabled || d <= 0 {
+		return nil
+	}
+	return backoff.Sleep(ctx, d)
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+
+	"github.com/runnel-dev/runnel/internal/failpoint"
 )
 
 // Pre-commit, the commits and abort. PreCommit seals the open epoch into a
@@ -58,7 +60,7 @@ func (e *txEngine) preCommit(ctx context.Context, id uint64) ([]byte, error) {
 	e.sealed = append(e.sealed, ep)
 	e.open = nil
 	e.epoch = max(ep.epoch, id) + 1
-	if e.cfg.faults.CommitBeforeDurable {
+	if failpoint.Enabled && e.cfg.faults.CommitBeforeDurable {
 		if _, err := e.lanes.endAll(ctx, d.handles, true, nil); err != nil {
 			return nil, e.fail(err)
 		}
@@ -198,7 +200,7 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 		}
 	}
 	hs := d.handles
-	if ep == nil && !e.cfg.faults.BlindRestoreCommit {
+	if ep == nil && !(failpoint.Enabled && e.cfg.faults.BlindRestoreCommit) {
 		// A transaction this process did not send: the run that sent it
 		// may have committed some or all of it (restorecheck.go).
 		var err error
@@ -208,7 +210,7 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 	}
 	ended := make([]bool, len(hs))
 	var v *endVerifier
-	if d.floors != nil && !e.cfg.faults.BlindEndRetry {
+	if d.floors != nil && !(failpoint.Enabled && e.cfg.faults.BlindEndRetry) {
 		v = &endVerifier{e: e, d: d}
 	}
 	// endAll returns discarded half messages only when again is nil.

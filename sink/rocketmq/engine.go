@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/jobinfo"
 	"github.com/runnel-dev/runnel/transport/client"
 )
@@ -26,7 +27,8 @@ import (
 //	checkback.go  check-back answers: the decision and the local view it is made from
 //	restore.go    Recover
 //	txndesc.go    the transaction description's encoding
-//	txoptions.go  TxOption and the protocol's phases (WithPhaseHook)
+//	txoptions.go  TxOption and the protocol's phases
+//	failpoints.go WithTxFaults, WithPhaseHook (failpoints build tag)
 //
 // ExactlyOnce[T] (exactly.go) maps records to messages and forwards every
 // call to its engine.
@@ -174,7 +176,7 @@ func (e *txEngine) startProducer(group string) error {
 	}
 	e.p = p
 	e.lanes = laneCommitter{end: p, attempts: e.cfg.attempts, retry: e.cfg.retry, log: e.log, group: group}
-	if n := e.cfg.faults.LoseEndAnswers; n > 0 {
+	if n := e.cfg.faults.LoseEndAnswers; failpoint.Enabled && n > 0 {
 		la := &lostAnswers{endSender: p}
 		la.n.Store(int64(n))
 		e.lanes.end = la
@@ -199,7 +201,7 @@ func (e *txEngine) usable() error {
 }
 
 func (e *txEngine) hook(p Phase, epoch uint64) {
-	if e.cfg.hook != nil {
+	if failpoint.Enabled && e.cfg.hook != nil {
 		e.cfg.hook(p, epoch)
 	}
 }

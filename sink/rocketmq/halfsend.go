@@ -34,6 +34,21 @@ func (e *txEngine) enqueue(sl *slot) {
 // attempt is retried on a goroutine of the engine (resend).
 func (e *txEngine) halfSent(sl *slot, h client.TxHandle, err error) {
 	ep := sl.ep
+	if err == nil && h.Status != client.SendOK {
+		// Stored, but not on a slave (or not flushed) yet: rolled back and
+		// sent again, as Apache RocketMQ's transactional producer rolls
+		// such a half message back (not on a connection reader goroutine).
+		err = notStoredWell(h)
+		e.workers.Go(func() {
+			e.rollBackStored(h)
+			if e.cfg.attempts <= 1 {
+				e.sendFailed(ep, sl, 1, err)
+				return
+			}
+			e.resend(ep, sl, err)
+		})
+		return
+	}
 	if err == nil {
 		sl.h = h
 		e.hook(PhaseHalfSent, ep.epoch)
@@ -75,6 +90,10 @@ func (e *txEngine) resend(ep *epochTxn, sl *slot, err error) {
 				sl.m.Properties[propTry] = strconv.Itoa(i + 2)
 			}
 			h, err := e.p.SendHalf(actx, sl.m)
+			if err == nil && h.Status != client.SendOK {
+				e.rollBackStored(h)
+				err = notStoredWell(h)
+			}
 			if err != nil {
 				if i+2 < e.cfg.attempts && retryableSend(err) {
 					e.warnResend(ep, i+2, err)
@@ -91,6 +110,29 @@ func (e *txEngine) resend(ep *epochTxn, sl *slot, err error) {
 	}
 	e.hook(PhaseHalfSent, ep.epoch)
 	<-e.sem
+}
+
+// errNotStoredWell is the error of a half send the broker answered with a
+// status other than SEND_OK (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+// SLAVE_NOT_AVAILABLE): stored on the master only, or not yet on its disk,
+// so not durable as the broker is configured to promise; it is sent again.
+var errNotStoredWell = errors.New("rocketmq sink: half message stored without the durability the broker promises")
+
+func notStoredWell(h client.TxHandle) error {
+	return fmt.Errorf("%w (%s, message %s on %s)", errNotStoredWell, h.Status, h.MsgID, h.BrokerName)
+}
+
+// rollBackStored rolls back a half message stored with a status other than
+// SEND_OK (an engine goroutine). Should the rollback fail, the half message
+// is an orphan of its slot (not its accepted attempt): its check-back
+// answer is rollback.
+func (e *txEngine) rollBackStored(h client.TxHandle) {
+	ctx, cancel := attemptCtx(context.Background(), e.lanes.timeout)
+	defer cancel()
+	if err := e.p.EndTransaction(ctx, h, false); err != nil {
+		e.log.Warn("rocketmq sink: rolling back a half message stored without its durability failed; its check-back rolls it back",
+			"group", e.group, "msgId", h.MsgID, "status", h.Status, "err", err)
+	}
 }
 
 // sendFailed records the failure of sl's half send after tries attempts

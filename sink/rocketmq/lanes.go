@@ -40,11 +40,11 @@ type endSender interface {
 var _ endSender = (*client.Producer)(nil)
 
 // errLostAnswer is the error of an END_TRANSACTION commit whose answer
-// TxFaults.LoseEndAnswers dropped (the broker did commit).
+// failpoint.Tx.LoseEndAnswers dropped (the broker did commit).
 var errLostAnswer = errors.New("rocketmq sink: END_TRANSACTION answer lost (test fault)")
 
 // lostAnswers is an endSender that reports the first n successful commits
-// as failed with errLostAnswer (TxFaults.LoseEndAnswers).
+// as failed with errLostAnswer (failpoint.Tx.LoseEndAnswers).
 type lostAnswers struct {
 	endSender
 	n atomic.Int64

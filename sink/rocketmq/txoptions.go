@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/backoff"
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/transport/client"
 )
 
@@ -31,7 +32,8 @@ type txConfig struct {
 	log            *slog.Logger
 	hook           func(p Phase, epoch uint64)
 	producerOpts   []client.ProducerOption
-	faults         TxFaults
+	faults         failpoint.Tx
+	outputTopics   []string // WithOutputTopics (ahead.go)
 }
 
 func defaultTxConfig() txConfig {
@@ -41,30 +43,6 @@ func defaultTxConfig() txConfig {
 		restoreSettle: DefaultRestoreSettle,
 	}
 }
-
-// TxFaults injects deliberate bugs for tests that prove the exactly-once
-// checks can fail. Never set them outside tests.
-type TxFaults struct {
-	// CommitBeforeDurable commits each epoch's half messages in PreCommit,
-	// before the checkpoint that lists them is durable: a crash between the
-	// two then replays records whose output is already visible.
-	CommitBeforeDurable bool
-	// BlindRestoreCommit makes a restore commit every half message of the
-	// restored checkpoint again, without looking for those the crashed run
-	// committed: Apache RocketMQ's broker then stores them twice.
-	BlindRestoreCommit bool
-	// LoseEndAnswers reports the first n END_TRANSACTION commits the
-	// broker acknowledged as failed with an unknown outcome (an answer
-	// lost after the broker applied the commit).
-	LoseEndAnswers int
-	// BlindEndRetry sends a commit whose answer was lost again without
-	// looking whether the broker applied it: Apache RocketMQ's broker then
-	// stores it twice.
-	BlindEndRetry bool
-}
-
-// WithTxFaults enables test-only faults (see TxFaults).
-func WithTxFaults(f TxFaults) TxOption { return txOptionFunc(func(c *txConfig) { c.faults = f }) }
 
 // WithTxGroup names the sink's producer group, instead of the one Bind
 // derives from the job. It must be the sink's alone and stable across
@@ -120,13 +98,6 @@ func WithRestoreSettle(d time.Duration) TxOption {
 // WithTxLogger sets the sink's logger (nil discards).
 func WithTxLogger(l *slog.Logger) TxOption { return txOptionFunc(func(c *txConfig) { c.log = l }) }
 
-// WithPhaseHook calls fn at every Phase. fn runs synchronously on the
-// goroutine the phase names (see Phase) and must be safe for concurrent
-// use; it may block (a test pausing there), which stalls that path.
-func WithPhaseHook(fn func(p Phase, epoch uint64)) TxOption {
-	return txOptionFunc(func(c *txConfig) { c.hook = fn })
-}
-
 // WithProducerOptions passes options to the sink's producer (for example
 // client.WithRetries). Its selector is always client.HashBySharding and
 // its check listener the sink's.
@@ -135,7 +106,8 @@ func WithProducerOptions(opts ...client.ProducerOption) TxOption {
 }
 
 // Phase is a point of the exactly-once protocol, reported to a phase hook
-// (WithPhaseHook) for tracing and for tests that crash the process there.
+// (WithPhaseHook, failpoints build tag only) for tests that crash the
+// process there.
 type Phase int
 
 // Phases.

@@ -126,7 +126,13 @@ var brokerCases = []matrixCase{
 	{"VIEW_MESSAGE_BY_ID", protocol.ReqViewMessageByID, [][2]string{{"offset", "0"}}, "", "admin"},
 	{"GET_CONSUMER_CONNECTION_LIST", protocol.ReqGetConsumerConnectionList, [][2]string{{"consumerGroup", groupG}}, "", "admin"},
 	{"unknown code 9999", 9999, [][2]string{{"topic", topicT}}, "", "never"},
-	{"POP_MESSAGE (not in the table)", protocol.ReqPopMessage, [][2]string{{"topic", topicT}, {"consumerGroup", groupG}}, "", "never"},
+	{"POP_MESSAGE", protocol.ReqPopMessage, [][2]string{{"topic", topicT}, {"consumerGroup", groupG}}, "", "sub"},
+	{"ACK_MESSAGE", protocol.ReqAckMessage, [][2]string{{"topic", topicT}, {"consumerGroup", groupG}}, "", "sub"},
+	{"CHANGE_MESSAGE_INVISIBLETIME", protocol.ReqChangeMessageInvisibleTime, [][2]string{{"topic", topicT}, {"consumerGroup", groupG}}, "", "sub"},
+	{"BATCH_ACK_MESSAGE", protocol.ReqBatchAckMessage, nil, `{"acks":[{"c":"G","t":"T","r":"0","so":0,"q":0,"rq":0,"pt":1,"it":1,"b":"AQ=="}]}`, "sub"},
+	{"BATCH_ACK_MESSAGE malformed body", protocol.ReqBatchAckMessage, nil, "{not json", "admin"},
+	{"QUERY_ASSIGNMENT", protocol.ReqQueryAssignment, nil, `{"topic":"T","consumerGroup":"G","clientId":"c1"}`, "sub"},
+	{"SET_MESSAGE_REQUEST_MODE", protocol.ReqSetMessageRequestMode, nil, `{"topic":"T","consumerGroup":"G","mode":"POP"}`, "admin"},
 	{"CHECK_TRANSACTION_STATE (server to client)", protocol.ReqCheckTransactionState, nil, "", "never"},
 }
 

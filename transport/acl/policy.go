@@ -329,6 +329,17 @@ func (a *account) authorize(r rule, req *protocol.Command) string {
 		return a.authorizeHeartbeat(req)
 	case kindLockBody:
 		return a.authorizeLock(req)
+	case kindBatchAckBody:
+		return a.authorizeBatchAck(req)
+	case kindAssignmentBody:
+		var qa protocol.QueryAssignmentRequestBody
+		if err := qa.Decode(req.Body); err != nil {
+			return "cannot read the assignment body to authorise it: " + err.Error()
+		}
+		if why := a.needTopic(req, qa.Topic, true, PermSub); why != "" {
+			return why
+		}
+		return a.needGroup(req, qa.ConsumerGroup, true)
 	}
 	return "request code " + strconv.Itoa(int(req.Code)) + " has no rule"
 }
@@ -404,6 +415,24 @@ func (a *account) authorizeLock(req *protocol.Command) string {
 	}
 	for _, mq := range lb.MQSet {
 		if why := a.needTopic(req, mq.Topic, true, PermSub); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// authorizeBatchAck needs SUB on the topic and the group of every ack of
+// a BATCH_ACK_MESSAGE body.
+func (a *account) authorizeBatchAck(req *protocol.Command) string {
+	var body protocol.BatchAckMessageRequestBody
+	if err := body.Decode(req.Body); err != nil {
+		return "cannot read the batch ack body to authorise it: " + err.Error()
+	}
+	for _, ack := range body.Acks {
+		if why := a.needTopic(req, ack.Topic, true, PermSub); why != "" {
+			return why
+		}
+		if why := a.needGroup(req, ack.ConsumerGroup, true); why != "" {
 			return why
 		}
 	}

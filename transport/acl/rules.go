@@ -30,17 +30,19 @@ const (
 type kind uint8
 
 const (
-	kindAuthenticated kind = iota + 1 // any account
-	kindAdmin                         // admin accounts only
-	kindPubTopic                      // PUB on the header's topic
-	kindPubTopicIfSet                 // PUB on the header's topic when it names one
-	kindSubTopic                      // SUB on the header's topic
-	kindSubTopicGroup                 // SUB on the header's topic and group
-	kindSubGroup                      // SUB on the header's group
-	kindSubGroupIfSet                 // SUB on the header's group when it names one
-	kindRouteTopic                    // PUB or SUB on the header's topic
-	kindHeartbeatBody                 // SUB on every consumer group and subscribed topic of the body
-	kindLockBody                      // SUB on the body's group and every queue's topic
+	kindAuthenticated  kind = iota + 1 // any account
+	kindAdmin                          // admin accounts only
+	kindPubTopic                       // PUB on the header's topic
+	kindPubTopicIfSet                  // PUB on the header's topic when it names one
+	kindSubTopic                       // SUB on the header's topic
+	kindSubTopicGroup                  // SUB on the header's topic and group
+	kindSubGroup                       // SUB on the header's group
+	kindSubGroupIfSet                  // SUB on the header's group when it names one
+	kindRouteTopic                     // PUB or SUB on the header's topic
+	kindHeartbeatBody                  // SUB on every consumer group and subscribed topic of the body
+	kindLockBody                       // SUB on the body's group and every queue's topic
+	kindBatchAckBody                   // SUB on every topic and group of a BATCH_ACK_MESSAGE body
+	kindAssignmentBody                 // SUB on the topic and group of a QUERY_ASSIGNMENT body
 )
 
 // rule is the requirement of one request code: the kind and the extFields
@@ -92,6 +94,16 @@ func ruleFor(code int32) (r rule, ok bool) {
 		return rule{kind: kindLockBody}, true
 	case protocol.ReqCheckClientConfig:
 		return rule{kind: kindAuthenticated}, true
+	// POP consumption (RocketMQ 5's @RocketMQAction SUB on the headers'
+	// topic and consumerGroup; POLLING_INFO, a GET there, is treated as
+	// a consumer's read here).
+	case protocol.ReqPopMessage, protocol.ReqAckMessage, protocol.ReqChangeMessageInvisibleTime,
+		protocol.ReqNotification, protocol.ReqPollingInfo:
+		return rule{kind: kindSubTopicGroup, topicKeys: keysTopic, groupKeys: keysCGroup}, true
+	case protocol.ReqBatchAckMessage:
+		return rule{kind: kindBatchAckBody}, true
+	case protocol.ReqQueryAssignment:
+		return rule{kind: kindAssignmentBody}, true
 
 	// Name server reads every client makes.
 	case protocol.ReqGetRouteInfoByTopic:
@@ -115,7 +127,7 @@ func ruleFor(code int32) (r rule, ok bool) {
 		protocol.ReqInvokeBrokerToResetOffset, protocol.ReqInvokeBrokerToGetConsumerStatus,
 		protocol.ReqQueryBrokerOffset, protocol.ReqGetAllConsumerOffset, protocol.ReqGetAllDelayOffset,
 		protocol.ReqGetBrokerHAStatus,
-		protocol.ReqViewMessageByID, protocol.ReqResumeCheckHalfMessage,
+		protocol.ReqViewMessageByID, protocol.ReqResumeCheckHalfMessage, protocol.ReqSetMessageRequestMode,
 		reqUpdateBrokerConfig, reqGetBrokerConfig, reqGetBrokerRuntimeInfo,
 		reqCleanExpiredConsumeQ, reqGetAllProducerInfo, reqDeleteExpiredCommitLog:
 		return rule{kind: kindAdmin}, true
@@ -126,7 +138,7 @@ func ruleFor(code int32) (r rule, ok bool) {
 // Requirement describes, for documentation and tests, what a request code
 // needs when ACL is on: "admin", "authenticated", "PUB topic", "SUB topic",
 // "SUB topic+group", "SUB group", "PUB|SUB topic" (routes), "heartbeat
-// body", "lock body", with " (if named)" for optional resources; or
+// body", "lock body", "batch ack body", "assignment body", with " (if named)" for optional resources; or
 // "denied" for codes the table does not list.
 func Requirement(code int32) string {
 	r, ok := ruleFor(code)
@@ -134,17 +146,19 @@ func Requirement(code int32) string {
 		return "denied"
 	}
 	return [...]string{
-		kindAuthenticated: "authenticated",
-		kindAdmin:         "admin",
-		kindPubTopic:      "PUB topic",
-		kindPubTopicIfSet: "PUB topic (if named)",
-		kindSubTopic:      "SUB topic",
-		kindSubTopicGroup: "SUB topic+group",
-		kindSubGroup:      "SUB group",
-		kindSubGroupIfSet: "SUB group (if named)",
-		kindRouteTopic:    "PUB|SUB topic",
-		kindHeartbeatBody: "heartbeat body",
-		kindLockBody:      "lock body",
+		kindAuthenticated:  "authenticated",
+		kindAdmin:          "admin",
+		kindPubTopic:       "PUB topic",
+		kindPubTopicIfSet:  "PUB topic (if named)",
+		kindSubTopic:       "SUB topic",
+		kindSubTopicGroup:  "SUB topic+group",
+		kindSubGroup:       "SUB group",
+		kindSubGroupIfSet:  "SUB group (if named)",
+		kindRouteTopic:     "PUB|SUB topic",
+		kindHeartbeatBody:  "heartbeat body",
+		kindLockBody:       "lock body",
+		kindBatchAckBody:   "batch ack body",
+		kindAssignmentBody: "assignment body",
 	}[r.kind]
 }
 

@@ -37,9 +37,14 @@ func TestRequirementTable(t *testing.T) {
 		protocol.ReqRegisterTopicInNamesrv: "admin", protocol.ReqPutKVConfig: "admin", protocol.ReqGetKVConfig: "authenticated",
 		protocol.ReqDeleteKVConfig: "admin", namesrv.ReqGetKVListByNamespace: "authenticated",
 		namesrv.ReqUpdateNamesrvConfig: "admin", namesrv.ReqGetNamesrvConfig: "admin",
-		// Refused: server-to-client codes, POP (not served), unknown.
+		// POP consumption.
+		protocol.ReqPopMessage: "SUB topic+group", protocol.ReqAckMessage: "SUB topic+group",
+		protocol.ReqChangeMessageInvisibleTime: "SUB topic+group", protocol.ReqNotification: "SUB topic+group",
+		protocol.ReqPollingInfo: "SUB topic+group", protocol.ReqBatchAckMessage: "batch ack body",
+		protocol.ReqQueryAssignment: "assignment body", protocol.ReqSetMessageRequestMode: "admin",
+		// Refused: server-to-client codes, unknown.
 		protocol.ReqCheckTransactionState: "denied", protocol.ReqNotifyConsumerIDsChanged: "denied",
-		protocol.ReqPopMessage: "denied", protocol.ReqAckMessage: "denied", 0: "denied", -1: "denied", 9999: "denied",
+		0: "denied", -1: "denied", 9999: "denied",
 	}
 	for code, w := range want {
 		if got := acl.Requirement(code); got != w {

@@ -34,6 +34,13 @@ func servedCodes(t *testing.T) []int32 {
 			served = append(served, code)
 		}
 	}
+	// The POP family's codes are above the probed range.
+	for _, code := range []int32{protocol.ReqPopMessage, protocol.ReqAckMessage, protocol.ReqChangeMessageInvisibleTime,
+		protocol.ReqNotification, protocol.ReqPollingInfo, protocol.ReqBatchAckMessage} {
+		if resp := invoke(t, c, protocol.NewRequest(code)); resp.Code != protocol.ResRequestCodeNotSupported {
+			served = append(served, code)
+		}
+	}
 	return served
 }
 
@@ -54,6 +61,10 @@ func aclCodeRequest(code int32) *protocol.Command {
 		req.Body = []byte(aclConsumerHeartbeat)
 	case protocol.ReqLockBatchMq, protocol.ReqUnlockBatchMq:
 		req.Body = []byte(`{"consumerGroup":"G","clientId":"c1","mqSet":[{"topic":"T","brokerName":"b","queueId":0}]}`)
+	case protocol.ReqBatchAckMessage:
+		req.Body = []byte(`{"acks":[{"c":"G","t":"T","r":"0","so":0,"q":0,"rq":0,"pt":1,"it":1000,"b":"AQ=="}]}`)
+	case protocol.ReqQueryAssignment:
+		req.Body = []byte(`{"topic":"T","consumerGroup":"G","clientId":"c1","strategyName":"AVG","messageModel":"CLUSTERING"}`)
 	default:
 		req.Body = []byte("x")
 	}
@@ -84,6 +95,8 @@ var aclCodeClasses = map[int32]string{
 	33: "admin",                             // VIEW_MESSAGE_BY_ID (any topic's message by offset)
 	28: "admin", 300: "admin", 222: "admin", // GET_BROKER_RUNTIME_INFO, QUERY_TOPIC_CONSUME_BY_WHO, INVOKE_BROKER_TO_RESET_OFFSET
 	43: "admin", 45: "admin", 907: "admin", // GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET (a slave's copy), GET_BROKER_HA_STATUS
+	400: "sub", 401: "admin", // QUERY_ASSIGNMENT (topic and group in the body), SET_MESSAGE_REQUEST_MODE
+	200050: "sub", 200051: "sub", 200053: "sub", 200054: "sub", 200055: "sub", 200151: "sub", // POP family
 }
 
 // aclClassOf returns the class of code (unknown codes: never).
@@ -113,7 +126,7 @@ func TestBrokerACLEveryCode(t *testing.T) {
 			t.Errorf("the broker serves code %d (ACL requirement %q), missing from aclCodeClasses", code, acl.Requirement(code))
 		}
 	}
-	codes := append(served, 9999, -1, protocol.ReqPopMessage, protocol.ReqCheckTransactionState)
+	codes := append(served, 9999, -1, protocol.ReqCheckTransactionState)
 	t.Logf("%d codes served: %v", len(served), served)
 
 	for _, useTLS := range []bool{false, true} {

@@ -164,6 +164,10 @@ type Broker struct {
 	stats brokerStats // stats.go
 	tx    *transactions
 	live  liveConfig // processor_config.go
+	// filters caches compiled SQL92 selectors (filter.go).
+	filters exprCache
+	// pop serves the POP family (pop.go); set by New.
+	pop *popService
 
 	topics topicTable
 	groups groupTable

@@ -127,22 +127,17 @@ func (r *clientRegistry) register(s *remoting.Server) {
 
 // processCheckClientConfig serves CHECK_CLIENT_CONFIG (46), which a Java
 // consumer sends at start for each subscription that is not a TAG
-// expression (MQClientInstance.checkClientInBroker): TAG expressions are
-// fine; anything else gets what a Java broker without enablePropertyFilter
-// answers, SYSTEM_ERROR "The broker does not support consumer to filter
-// message by <type>", which fails the consumer's start (runnel does not
-// filter by SQL92).
+// expression (MQClientInstance.checkClientInBroker); the answer
+// (filter.go, checkClientConfig) fails the consumer's start where a Java
+// broker would fail it: SQL92 without WithPropertyFilter, or an expression
+// that does not parse.
 func (r *clientRegistry) processCheckClientConfig(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 	req := rc.Request()
 	var body protocol.CheckClientRequestBody
 	if err := body.Decode(req.Body); err != nil {
 		return nil, &protocol.Error{Code: protocol.ResSystemError, Remark: err.Error()}
 	}
-	if sd := body.SubscriptionData; sd != nil && sd.ExpressionType != "" && sd.ExpressionType != protocol.ExpressionTypeTag {
-		return protocol.NewResponse(req, protocol.ResSystemError,
-			"The broker does not support consumer to filter message by "+sd.ExpressionType), nil
-	}
-	return protocol.NewResponse(req, protocol.ResSuccess, ""), nil
+	return r.b.checkClientConfig(req, body.SubscriptionData), nil
 }
 
 // ---- HEART_BEAT ----

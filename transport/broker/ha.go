@@ -341,10 +341,17 @@ type SlaveStatus struct {
 	// report); Lag is the master's log end minus it.
 	AckOffset, Lag int64
 	InSync         bool
-	// BytesSent counts the log bytes sent on this connection; NextOffset
-	// is where the next transfer starts.
-	BytesSent, NextOffset int64
-	Since                 time.Time
+	// BytesSent counts the log bytes sent to this slave id since the
+	// master started (across its reconnections); BytesPerSecond is their
+	// rate (GET_BROKER_HA_STATUS's transferredByteInSecond: the bytes of
+	// the last whole second, as Java's FlowMonitor counts). NextOffset is
+	// where the next transfer starts.
+	BytesSent, BytesPerSecond, NextOffset int64
+	// BufferBytes is what the master holds in memory for the slave: its
+	// writer's one frame buffer (the batch size plus room for a record),
+	// however far behind the slave is; the rest is read from the store.
+	BufferBytes int64
+	Since       time.Time
 }
 
 // MasterLink is a slave's view of its master.
@@ -354,11 +361,12 @@ type MasterLink struct {
 	// MasterLogEnd is the master's log end as last heard; Lag is it minus
 	// the slave's log end.
 	MasterLogEnd, Lag int64
-	// BytesReceived counts the log bytes received; LastRead and LastWrite
-	// are the last frame read from and the last report written to the
-	// master.
-	BytesReceived       int64
-	LastRead, LastWrite time.Time
+	// BytesReceived counts the log bytes received since the slave
+	// started, BytesPerSecond their rate (as SlaveStatus's); LastRead and
+	// LastWrite are the last frame read from and the last report written
+	// to the master.
+	BytesReceived, BytesPerSecond int64
+	LastRead, LastWrite           time.Time
 	// From is where the current (or last) connection's transfer started:
 	// the slave's log end then.
 	From int64
@@ -399,13 +407,13 @@ func (b *Broker) processHAStatus(_ context.Context, rc *remoting.RequestCtx) (*p
 		}
 		info.HAConnectionInfo = append(info.HAConnectionInfo, protocol.HAConnectionRuntimeInfo{
 			Addr: s.Addr, SlaveAckOffset: s.AckOffset, Diff: s.Lag, InSync: s.InSync,
-			TransferFromWhere: s.NextOffset,
+			TransferredByteInSecond: s.BytesPerSecond, TransferFromWhere: s.NextOffset,
 		})
 	}
 	if ml := st.Master; ml != nil {
 		info.MasterCommitLogMaxOffset = 0
 		info.HAClientRuntimeInfo = protocol.HAClientRuntimeInfo{
-			MasterAddr: ml.MasterHAAddr, MaxOffset: st.LogEnd, MasterFlushOffset: ml.MasterLogEnd,
+			MasterAddr: ml.MasterHAAddr, TransferredByteInSecond: ml.BytesPerSecond, MaxOffset: st.LogEnd, MasterFlushOffset: ml.MasterLogEnd,
 			LastReadTimestamp: unixMilli(ml.LastRead), LastWriteTimestamp: unixMilli(ml.LastWrite),
 		}
 	}

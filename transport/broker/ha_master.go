@@ -47,8 +47,54 @@ type haMaster struct {
 	mu struct {
 		sync.Mutex
 		conns map[*haConn]struct{}
+		// bySlave are the transfer counters of each slave id, kept across
+		// its reconnections.
+		bySlave map[int64]*slaveTotals
 	}
 	wg sync.WaitGroup // connection goroutines
+}
+
+// slaveTotals are the transfer counters of one slave id.
+type slaveTotals struct {
+	sent atomic.Int64 // log bytes sent since the master started
+	flow flowMeter
+}
+
+// flowMeter counts bytes per second as Java's FlowMonitor does
+// (transferredByteInSecond): the bytes of the last whole second, 0 once a
+// second passed without any.
+type flowMeter struct {
+	mu   sync.Mutex
+	sec  time.Time // start of the current second
+	cur  int64     // bytes in it so far
+	last int64     // bytes in the second before
+}
+
+// add counts n bytes at now.
+func (f *flowMeter) add(now time.Time, n int64) {
+	f.mu.Lock()
+	f.roll(now)
+	f.cur += n
+	f.mu.Unlock()
+}
+
+// perSecond returns the bytes of the last whole second before now.
+func (f *flowMeter) perSecond(now time.Time) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.roll(now)
+	return f.last
+}
+
+func (f *flowMeter) roll(now time.Time) {
+	switch d := now.Sub(f.sec); {
+	case f.sec.IsZero():
+		f.sec = now
+	case d >= 2*time.Second:
+		f.sec, f.cur, f.last = now, 0, 0
+	case d >= time.Second:
+		f.sec, f.cur, f.last = f.sec.Add(time.Second), 0, f.cur
+	}
 }
 
 // haConn is one slave connection.
@@ -64,7 +110,8 @@ type haConn struct {
 	first   chan int64    // the slave's first report: where to start
 	ack     atomic.Int64  // last reported log end, -1 before the first report
 	next    atomic.Int64  // next offset to transfer
-	sent    atomic.Int64  // log bytes sent
+	buffer  atomic.Int64  // capacity of the writer's frame buffer
+	totals  *slaveTotals  // of slaveID; set before the connection is live
 	wmu     sync.Mutex    // socket writes
 }
 
@@ -86,6 +133,7 @@ func newHAMaster(ctx context.Context, b *Broker) (*haMaster, error) {
 		addr: b.advertisedHost(uint16(ln.Addr().(*net.TCPAddr).Port))}
 	m.ackMax.Store(-1)
 	m.mu.conns = map[*haConn]struct{}{}
+	m.mu.bySlave = map[int64]*slaveTotals{}
 	m.live.Store(&[]*haConn{})
 	m.waiters = newReplicaWaiters(m)
 	return m, nil
@@ -152,6 +200,10 @@ func (m *haMaster) setLive(hc *haConn, on bool) {
 				_ = old.c.Close()
 			}
 		}
+		if hc.totals = m.mu.bySlave[hc.slaveID]; hc.totals == nil {
+			hc.totals = &slaveTotals{}
+			m.mu.bySlave[hc.slaveID] = hc.totals
+		}
 		next = append(next, hc)
 	} else {
 		delete(m.mu.conns, hc)
@@ -181,13 +233,16 @@ func (m *haMaster) slaveOK(end int64) bool {
 func (m *haMaster) status(st *HAStatus) {
 	st.Epoch = m.b.epoch.Epoch
 	st.HAAddr = m.addr
+	now := time.Now()
 	for _, hc := range *m.live.Load() {
 		ack := hc.ack.Load()
 		lag := st.LogEnd - max(ack, 0)
+		sent := hc.totals.sent.Load()
 		st.Slaves = append(st.Slaves, SlaveStatus{
 			BrokerID: hc.slaveID, Addr: hc.addr, AckOffset: ack, Lag: lag,
 			InSync:    ack >= 0 && lag < m.b.cfg.ha.maxGap,
-			BytesSent: hc.sent.Load(), NextOffset: hc.next.Load(), Since: hc.since,
+			BytesSent: sent, BytesPerSecond: hc.totals.flow.perSecond(now),
+			NextOffset: hc.next.Load(), BufferBytes: hc.buffer.Load(), Since: hc.since,
 		})
 	}
 	st.SyncWaiting = m.waiters.waiting.Load()
@@ -332,6 +387,7 @@ func (hc *haConn) transfer(ctx context.Context, epochs []store.Epoch) error {
 	m.setLive(hc, true)
 	hc.next.Store(next)
 	buf := make([]byte, 0, m.b.cfg.ha.batchBytes+64<<10)
+	hc.buffer.Store(int64(cap(buf)))
 	hb := time.NewTicker(m.b.cfg.ha.heartbeat)
 	defer hb.Stop()
 	lastWrite := time.Now()
@@ -369,6 +425,7 @@ func (hc *haConn) transfer(ctx context.Context, epochs []store.Epoch) error {
 			if err = errors.Join(err, encErr); err != nil {
 				return err
 			}
+			hc.buffer.Store(int64(cap(buf))) // grows only for a record above the batch size
 			if first < 0 {
 				// Nothing left before the epoch's end (or the log's): a
 				// hole of deleted records.
@@ -382,7 +439,8 @@ func (hc *haConn) transfer(ctx context.Context, epochs []store.Epoch) error {
 				return err
 			}
 			lastWrite = time.Now()
-			hc.sent.Add(int64(body))
+			hc.totals.sent.Add(int64(body))
+			hc.totals.flow.add(lastWrite, int64(body))
 			next = n
 			hc.next.Store(next)
 			continue

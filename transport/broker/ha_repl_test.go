@@ -358,7 +358,8 @@ func TestBrokerHATransactionsOnPair(t *testing.T) {
 
 // TestBrokerHASlaveCutOff: a slave that stops reading does not make the
 // master read its backlog ahead (what is in flight is bounded by the socket
-// buffers and one transfer batch, whatever the log grows by), and a slave
+// buffers and one transfer batch, whatever the log grows by; the master's
+// memory for it is one frame buffer), and a slave
 // whose connections are dropped for a while catches up from the store.
 func TestBrokerHASlaveCutOff(t *testing.T) {
 	var st stall
@@ -386,6 +387,11 @@ func TestBrokerHASlaveCutOff(t *testing.T) {
 		inFlight := sl.NextOffset - max(sl.AckOffset, 0)
 		if inFlight > 8<<20 {
 			t.Fatalf("the master read %d bytes ahead of a slave that does not read (log end %d)", inFlight, hs.LogEnd)
+		}
+		// What the master holds for the slave is one frame buffer (the
+		// 32 KiB batch of fastHA, room for a record), not its lag.
+		if sl.BufferBytes <= 0 || sl.BufferBytes > 256<<10 {
+			t.Fatalf("the master holds a %d-byte buffer for a slave %d bytes behind", sl.BufferBytes, sl.Lag)
 		}
 		if hs.LogEnd-sl.NextOffset < 4<<20 {
 			return fmt.Errorf("the master's transfer is at %d of %d", sl.NextOffset, hs.LogEnd)
@@ -422,4 +428,125 @@ func waitTopic(t testing.TB, b *Broker, topic string) {
 		}
 		return nil
 	})
+}
+
+// TestBrokerHATransferRate: GET_BROKER_HA_STATUS reports the bytes per
+// second replicated (transferredByteInSecond, on both sides) while a load
+// runs, and 0 once it stopped for two seconds.
+func TestBrokerHATransferRate(t *testing.T) {
+	p := startPair(t, RoleSyncMaster, nil, nil)
+	mc, sc := dial(t, p.master.Addr()), dial(t, p.slave.Addr())
+	createTopic(t, mc, "rate-t", 1)
+	rates := func() (int64, int64) {
+		var mi, si protocol.HARuntimeInfo
+		if err := mi.Decode(invoke(t, mc, protocol.NewRequest(protocol.ReqGetBrokerHAStatus)).Body); err != nil || len(mi.HAConnectionInfo) != 1 {
+			t.Fatalf("master's HA status %+v: %v", mi, err)
+		}
+		if err := si.Decode(invoke(t, sc, protocol.NewRequest(protocol.ReqGetBrokerHAStatus)).Body); err != nil {
+			t.Fatal(err)
+		}
+		return mi.HAConnectionInfo[0].TransferredByteInSecond, si.HAClientRuntimeInfo.TransferredByteInSecond
+	}
+	body := bytes.Repeat([]byte{'r'}, 1024)
+	poll.Until(t, 20*time.Second, time.Millisecond, func() error {
+		send(t, mc, "rate-t", 0, body, "")
+		if m, s := rates(); m <= 0 || s <= 0 {
+			return fmt.Errorf("rates %d/s sent, %d/s received", m, s)
+		}
+		return nil
+	})
+	m, s := rates()
+	if sent, got := p.master.HAStatus().Slaves[0].BytesSent, p.slave.HAStatus().Master.BytesReceived; m > sent || s > got || sent < got {
+		t.Fatalf("rates %d/s and %d/s; %d bytes sent, %d received", m, s, sent, got)
+	}
+	poll.Until(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if m, s := rates(); m != 0 || s != 0 {
+			return fmt.Errorf("rates %d/s and %d/s without load", m, s)
+		}
+		return nil
+	})
+}
+
+// TestBrokerHAScheduleRetryOnPair: delay-level and timer messages, retries
+// and dead letters on a SYNC_MASTER pair. A scheduled message answered
+// SEND_OK is in the slave's log when the answer comes; only the master
+// delivers it (the slave does not, even with its master gone), and what
+// the master delivers, retries and dead-letters is on the slave at the
+// same queue offsets.
+func TestBrokerHAScheduleRetryOnPair(t *testing.T) {
+	levels := WithDelayLevels([]time.Duration{150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond})
+	p := startPair(t, RoleSyncMaster, []Option{levels}, []Option{levels})
+	mc, sc := dial(t, p.master.Addr()), dial(t, p.slave.Addr())
+	createTopic(t, mc, "sched-t", 1)
+	waitTopic(t, p.slave, "sched-t")
+	onSlave := func(rh protocol.SendMessageResponseHeader) {
+		t.Helper()
+		_, phys, err := protocol.ParseOffsetMsgID(rh.MsgID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end := p.slave.HAStatus().LogEnd; end <= phys {
+			t.Fatalf("SEND_OK for physical offset %d; the slave's log ends at %d", phys, end)
+		}
+	}
+	onSlave(send(t, mc, "sched-t", 0, []byte("delayed"), props(protocol.PropDelayLevel, "1")))
+	onSlave(send(t, mc, "sched-t", 0, []byte("timer"), props(protocol.PropTimerDelayMS, "300")))
+	if r := pull(t, sc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 0 {
+		t.Fatalf("the slave shows %d scheduled messages before they are due", len(r.msgs))
+	}
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if r := pull(t, mc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 2 {
+			return fmt.Errorf("the master delivered %d of 2 scheduled messages", len(r.msgs))
+		}
+		return nil
+	})
+	waitCaughtUp(t, p.master, p.slave)
+	sameQueues(t, p.master, p.slave, "sched-t", 1)
+
+	// A retry, then a dead letter (the group retries once).
+	gc := protocol.DefaultSubscriptionGroupConfig("sched-g")
+	gc.RetryMaxTimes = 1
+	body, err := jsonMarshal(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.NewRequest(protocol.ReqUpdateAndCreateSubscriptionGroup)
+	req.Body = body
+	if r := invoke(t, mc, req); r.Code != protocol.ResSuccess {
+		t.Fatalf("create group: %d %s", r.Code, r.Remark)
+	}
+	first := pull(t, mc, pullArgs{group: "sched-g", topic: "sched-t", max: 1}).msgs[0]
+	if r := invoke(t, mc, sendBackReq("sched-g", first.CommitLogOffset, 0)); r.Code != protocol.ResSuccess {
+		t.Fatalf("send back: %d %s", r.Code, r.Remark)
+	}
+	rt, dlq := retryTopic("sched-g"), dlqTopic("sched-g")
+	var retried protocol.MessageExt
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		r := pull(t, mc, pullArgs{group: "sched-g", topic: rt, max: 1})
+		if len(r.msgs) != 1 {
+			return errors.New("the retry is not delivered yet")
+		}
+		retried = r.msgs[0]
+		return nil
+	})
+	if r := invoke(t, mc, sendBackReq("sched-g", retried.CommitLogOffset, 0)); r.Code != protocol.ResSuccess {
+		t.Fatalf("send back of the retry: %d %s", r.Code, r.Remark)
+	}
+	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if r := pull(t, sc, pullArgs{group: "sched-g", topic: dlq, max: 1}); len(r.msgs) != 1 || string(r.msgs[0].Body) != string(first.Body) {
+			return errors.New("the dead letter is not on the slave yet")
+		}
+		return nil
+	})
+	waitCaughtUp(t, p.master, p.slave)
+	sameQueues(t, p.master, p.slave, rt, 1)
+	sameQueues(t, p.master, p.slave, dlq, 1)
+
+	// Due while the master is gone: the slave does not deliver it.
+	onSlave(send(t, mc, "sched-t", 0, []byte("late"), props(protocol.PropDelayLevel, "1")))
+	shutdown(t, p.master)
+	time.Sleep(600 * time.Millisecond) // four times the delay: a slave that delivered would have
+	if r := pull(t, sc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 2 {
+		t.Fatalf("the slave's topic holds %d messages with its master gone, want the 2 the master delivered", len(r.msgs))
+	}
 }

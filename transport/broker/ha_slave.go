@@ -28,6 +28,7 @@ type haSlave struct {
 	learned chan struct{} // capacity 1: the name servers named a master
 
 	received    atomic.Int64
+	flow        flowMeter
 	truncations atomic.Int64
 	lastTrunc   atomic.Int64
 
@@ -106,11 +107,12 @@ func (s *haSlave) masterAlive() bool {
 }
 
 func (s *haSlave) status(logEnd int64) *MasterLink {
+	received := s.received.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ml := &MasterLink{
 		MasterAddr: s.mu.learnedAddr, MasterHAAddr: s.mu.haAddr, Connected: s.mu.connected,
-		MasterLogEnd: s.mu.masterEnd, BytesReceived: s.received.Load(),
+		MasterLogEnd: s.mu.masterEnd, BytesReceived: received, BytesPerSecond: s.flow.perSecond(time.Now()),
 		LastRead: s.mu.lastRead, LastWrite: s.mu.lastWrite, LastError: s.mu.lastErr,
 		Truncations: s.truncations.Load(), LastTruncatedAt: s.lastTrunc.Load(), From: s.mu.from,
 	}
@@ -374,6 +376,7 @@ func (s *haSlave) session(ctx context.Context, addr string) (transferred bool, e
 			return true, err
 		}
 		s.received.Add(int64(len(f.Body)))
+		s.flow.add(time.Now(), int64(len(f.Body)))
 		if err := write(protocol.AppendHASlaveReport(nil, st.LogEnd())); err != nil {
 			return true, err
 		}

@@ -76,6 +76,7 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 		return parkClosed
 	}
 	p.rc.Defer()
+	from := max(p.h.QueueOffset, p.scanFrom) // p is the run loop's once registered
 	p.deadline = time.Now().Add(d)
 	lp.mu.byQueue[p.key] = append(lp.mu.byQueue[p.key], p)
 	heap.Push(&lp.mu.byTime, p)
@@ -87,7 +88,7 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 	}
 	// A message stored between the lookup and the registration above
 	// notified nobody: check once more.
-	if maxOff, err := lp.b.store.MaxOffset(p.key.topic, p.key.queue); err == nil && maxOff > p.h.QueueOffset {
+	if maxOff, err := lp.b.store.MaxOffset(p.key.topic, p.key.queue); err == nil && maxOff > from {
 		lp.notify(p.key.topic, p.key.queue, maxOff)
 	}
 	return parked
@@ -96,6 +97,9 @@ func (lp *longPoll) park(p *pullReq, d time.Duration) parkResult {
 // notify is the store's Notify hook: the queue's max offset is now
 // maxOffset. It must not block (it runs on the store's committer).
 func (lp *longPoll) notify(topic string, queue int32, maxOffset int64) {
+	if p := lp.b.pop; p != nil {
+		p.notifyArrival(topic, queue) // pop_wait.go: parked POP requests
+	}
 	if lp.count.Load() == 0 {
 		return
 	}
@@ -109,7 +113,7 @@ func (lp *longPoll) notify(topic string, queue int32, maxOffset int64) {
 	keep := list[:0]
 	woke := false
 	for _, p := range list {
-		if p.h.QueueOffset < maxOffset {
+		if max(p.h.QueueOffset, p.scanFrom) < maxOffset {
 			lp.removeTimedLocked(p)
 			lp.mu.ready = append(lp.mu.ready, p)
 			woke = true
@@ -158,6 +162,9 @@ func (lp *longPoll) removeQueuedLocked(p *pullReq) {
 
 // dropConn forgets the waiters of a closed connection (nobody to answer).
 func (lp *longPoll) dropConn(sc *remoting.ServerConn) {
+	if p := lp.b.pop; p != nil {
+		p.waiters.dropConn(sc)
+	}
 	lp.mu.Lock()
 	defer lp.mu.Unlock()
 	for i := 0; i < len(lp.mu.byTime); {
@@ -175,6 +182,9 @@ func (lp *longPoll) dropConn(sc *remoting.ServerConn) {
 // answered now (graceful shutdown); without, waiters are dropped (their
 // connections are being closed).
 func (lp *longPoll) close(answer bool) {
+	if p := lp.b.pop; p != nil {
+		p.waiters.close(answer)
+	}
 	lp.mu.Lock()
 	lp.mu.closed = true
 	all := append(lp.mu.ready, lp.mu.byTime...)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/acl"
@@ -80,6 +81,17 @@ const (
 	FlushAsync
 )
 
+// String returns "sync" or "async", the names `runnel broker --flush` takes.
+func (m FlushMode) String() string {
+	switch m {
+	case FlushSync:
+		return "sync"
+	case FlushAsync:
+		return "async"
+	}
+	return "FlushMode(" + strconv.Itoa(int(m)) + ")"
+}
+
 // Option configures New. Options are applied in order.
 type Option interface{ apply(*config) }
 
@@ -115,6 +127,8 @@ type config struct {
 	nsTLS            *tls.Config      // dials name servers over TLS when set
 	sub              subsystemConfig
 	tx               txConfig
+	filter           filterConfig // filter.go
+	pop              popConfig    // pop.go
 	diskHighWater    float64
 	maxBatchMsgs     int
 	maxBatchBytes    int

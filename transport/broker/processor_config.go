@@ -181,6 +181,7 @@ func (b *Broker) processGetBrokerConfig(_ context.Context, rc *remoting.RequestC
 		{"maxBatchBytes", strconv.Itoa(b.cfg.maxBatchBytes)},
 		{"diskSpaceWarningLevelRatio", strconv.FormatFloat(b.cfg.diskHighWater, 'f', -1, 64)},
 		{"aclEnable", strconv.FormatBool(b.cfg.policy != nil)},
+		{"enablePropertyFilter", strconv.FormatBool(b.cfg.filter.propertyFilter)},
 		{keyPullMaxMsgs, strconv.FormatInt(b.live.pullMaxMsgs.Load(), 10)},
 		{keyPullMaxBytes, strconv.FormatInt(b.live.pullMaxBytes.Load(), 10)},
 		{keyMaxSuspend, strconv.FormatInt(time.Duration(b.live.maxSuspend.Load()).Milliseconds(), 10)},

@@ -64,9 +64,14 @@ func (f *tagFilter) match(rec []byte, code int64) bool {
 type pullReq struct {
 	rc       *remoting.RequestCtx
 	h        protocol.PullMessageRequestHeader
-	filter   tagFilter
+	filter   msgFilter // filter.go
 	maxMsgs  int
 	maxBytes int
+	// scanFrom is where the next scan of the queue starts: the request's
+	// offset, moved past messages the filter dropped while the pull was
+	// parked (a woken pull whose new messages all failed the filter is
+	// parked again, as Java's PullRequestHoldService keeps it).
+	scanFrom int64
 
 	// The group's brokerId and whichBrokerWhenConsumeSlowly, for
 	// suggestWhichBrokerId; suggestSlave is set when the messages found
@@ -91,11 +96,11 @@ type queueKey struct {
 // exists or is auto-created (SUBSCRIPTION_GROUP_NOT_EXIST) and may consume
 // (NO_PERMISSION); topic exists (TOPIC_NOT_EXIST) and is readable
 // (NO_PERMISSION); 0 <= queueId < readQueueNums (INVALID_PARAMETER); the
-// subscription: from the request with the SUBSCRIPTION flag (TAG only;
-// SQL92 is SYSTEM_ERROR as on a Java broker without property filtering),
-// else the one registered by heartbeat (SUBSCRIPTION_NOT_LATEST when
-// older than the request's; SQL92 SYSTEM_ERROR again), else everything
-// (gotcha 27).
+// subscription: from the request with the SUBSCRIPTION flag, else the one
+// registered by heartbeat (SUBSCRIPTION_NOT_LATEST when older than the
+// request's), else everything (gotcha 27); a TAG or SQL92 filter of it
+// (filter.go: SUBSCRIPTION_PARSE_FAILED, FILTER_DATA_NOT_EXIST, and
+// SYSTEM_ERROR for SQL92 without WithPropertyFilter, as Java answers).
 func (b *Broker) processPull(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, error) {
 	req := rc.Request()
 	p := &pullReq{rc: rc, index: -1}
@@ -144,37 +149,25 @@ func (b *Broker) checkPull(p *pullReq) *protocol.Command {
 	if h.QueueID < 0 || h.QueueID >= tc.ReadQueueNums {
 		return respond(req, protocol.ResInvalidParameter, "queueId is illegal for topic "+h.Topic)
 	}
+	var resp *protocol.Command
 	if h.SysFlag&protocol.PullFlagSubscription != 0 {
-		switch h.ExpressionType {
-		case "", protocol.ExpressionTypeTag:
-			p.filter = newTagFilter(protocol.ParseTagExpression(h.Subscription).Tags)
-		case protocol.ExpressionTypeSQL92:
-			return respond(req, protocol.ResSystemError, "The broker does not support consumer to filter message by SQL92")
-		default:
-			return respond(req, protocol.ResSubscriptionParseFailed, "unknown expression type "+h.ExpressionType)
-		}
+		p.filter, resp = b.requestFilter(req, h) // filter.go
 	} else if f := b.ext.subscription; f != nil {
 		if sub, ok := f(h.ConsumerGroup, h.Topic); ok {
 			if sub.SubVersion < h.SubVersion {
 				return respond(req, protocol.ResSubscriptionNotLatest, "the consumer's subscription not latest")
 			}
-			if sub.ExpressionType != "" && sub.ExpressionType != protocol.ExpressionTypeTag {
-				// A Java broker without enablePropertyFilter refuses a
-				// registered SQL92 subscription the same way; filtering
-				// nothing would deliver what the consumer did not select.
-				return respond(req, protocol.ResSystemError, "The broker does not support consumer to filter message by "+sub.ExpressionType)
-			}
-			if sub.ClassFilter {
-				p.filter = tagFilter{all: true}
-			} else {
-				p.filter = newTagFilter(sub.Tags)
-			}
+			p.filter, resp = b.registeredFilter(req, &sub) // filter.go
 		} else {
-			p.filter = tagFilter{all: true}
+			p.filter = matchAll
 		}
 	} else {
-		p.filter = tagFilter{all: true}
+		p.filter = matchAll
 	}
+	if resp != nil {
+		return resp
+	}
+	p.scanFrom = h.QueueOffset
 	p.maxMsgs = min(max(int(h.MaxMsgNums), 1), int(b.live.pullMaxMsgs.Load()))
 	p.maxBytes = int(b.live.pullMaxBytes.Load())
 	if v, ok := h.MaxMsgBytes.Get(); ok && v > 0 {
@@ -225,11 +218,15 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 	case off > maxOff:
 		b.answerPull(p, protocol.ResPullOffsetMoved, statusOverflowBadly, maxOff, minOff, maxOff, nil)
 		return
+	case p.scanFrom >= maxOff && p.scanFrom > off:
+		// Parked again after a filtered wake-up; nothing newer came.
+		b.noneMatched(p, allowSuspend, p.scanFrom, minOff, maxOff)
+		return
 	}
 	bp := b.getBuf()
 	body := (*bp)[:0]
 	taken := 0
-	next, err := b.store.Get(h.Topic, h.QueueID, off, p.maxMsgs, p.maxBytes, func(rec []byte, code int64) bool {
+	next, err := b.store.Get(h.Topic, h.QueueID, max(off, p.scanFrom), p.maxMsgs, p.maxBytes, func(rec []byte, code int64) bool {
 		if !p.filter.match(rec, code) {
 			return false
 		}
@@ -253,7 +250,7 @@ func (b *Broker) pullOnce(p *pullReq, allowSuspend bool) {
 		}
 		b.answerPull(p, protocol.ResSuccess, statusFound, next, minOff, maxOff, body)
 	case next > off:
-		b.answerPull(p, protocol.ResPullRetryImmediately, statusNoMatched, next, minOff, maxOff, nil)
+		b.noneMatched(p, allowSuspend, next, minOff, maxOff) // filter.go
 	default:
 		b.notFound(p, allowSuspend, statusFoundNull, off, minOff, maxOff)
 	}

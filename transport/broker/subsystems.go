@@ -68,6 +68,7 @@ type subsystems struct {
 	retry   *retrier
 	replies *replyPusher
 	admin   *adminOps
+	pop     *popService // pop.go
 }
 
 func newSubsystems(b *Broker, cfg subsystemConfig) *subsystems {
@@ -78,6 +79,9 @@ func newSubsystems(b *Broker, cfg subsystemConfig) *subsystems {
 	s.retry = newRetrier(b, s.locks, s.sched)
 	s.replies = newReplyPusher(b, s.clients, &cfg)
 	s.admin = newAdminOps(b, s.clients)
+	s.pop = newPopService(b, b.cfg.pop)
+	s.pop.clients = s.clients
+	b.pop = s.pop
 	return s
 }
 
@@ -94,12 +98,15 @@ func (s *subsystems) extensions() extensions {
 			s.locks.register,
 			s.retry.register,
 			s.admin.register,
+			s.pop.register,
 		},
 		start: []func(context.Context){
 			s.housekeeping,
 			s.clients.runNotifier,
 			s.sched.run,
 			s.admin.runSampler,
+			s.pop.reviveLoop,
+			s.pop.waiters.run,
 		},
 		subscription:     s.clients.subscription,
 		producerChannels: s.clients.producerChannels,

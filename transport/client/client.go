@@ -312,6 +312,8 @@ type Client struct {
 	// pullFrom remembers, per queue (protocol.MessageQueue), the broker id
 	// (int64) the last pull suggested; absent = master.
 	pullFrom sync.Map
+
+	requests requestTable // request.go: requests waiting for replies
 }
 
 type connSlot struct {
@@ -410,6 +412,7 @@ func (c *Client) Close() error {
 		_ = cn.Close() // always nil
 	}
 	c.wg.Wait()
+	c.requests.failAll(ErrClosed)
 	return nil
 }
 

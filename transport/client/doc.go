@@ -63,17 +63,19 @@
 //
 // # Non-obvious invariants
 //
-//   - Connections are replaced, never repaired: a closed remoting.Conn is
-//     found closed (Done) by the next request, which dials a new one. One
-//     dial per address is in flight at a time; after a failure the next dial
-//     waits a backoff (50 ms doubling to 2 s), and a caller whose ctx ends
-//     sooner gets the last dial error at once.
-//   - Client.Close marks the Client closing under life.mu before cancelling,
-//     so goStart never adds to the WaitGroup after Wait began.
-//   - Locks (life, ns, conns, routes, handlers, consumers, producers, the
-//     fault strategy's) are never nested, and none is held while a request
-//     is made or a handler or callback runs.
-//   - A Command given to remoting is encoded before Invoke/InvokeAsync/
-//     InvokeOneway returns, so producers reuse pooled Commands and body
-//     buffers right after.
+// What a user of the package can rely on (the implementation's own
+// invariants are stated where they live, in client.go and producer.go):
+//
+//   - Connections are replaced, never repaired: a connection found closed
+//     by a request is dialled anew. One dial per address is in flight at a
+//     time; after a failure the next dial waits a backoff (50 ms doubling to
+//     2 s), and a caller whose ctx ends sooner gets the last dial error at
+//     once.
+//   - Close waits for every goroutine the Client started (heartbeats,
+//     route polls, consumers, check-back handlers); nothing the Client
+//     started runs after Close returns, and no call started after it begins.
+//   - No lock of the Client is held while a request is made or a handler,
+//     hook or callback runs (the locks are never nested either).
+//   - A request is encoded before the call that sends it returns: the
+//     producers reuse their pooled requests and body buffers at once.
 package client

@@ -126,6 +126,12 @@ type groupConfig struct {
 	timeout           time.Duration
 	listener          RebalanceListener
 	lockLost          LockLossListener
+	maxReconsume      int32 // SendBack's maxReconsumeTimes (DefaultMaxReconsumeTimes)
+	// Set by PushConsumer (push.go): the heartbeat's consumeType and
+	// consumeFromWhere ("" = CONSUME_ACTIVELY, CONSUME_FROM_LAST_OFFSET).
+	consumeType string
+	consumeFrom string
+	push        pushConfig // PushConsumer-only options (push.go)
 }
 
 // WithAllocator sets the allocation strategy (default AllocateAveragely).
@@ -174,6 +180,13 @@ func WithGroupTimeout(d time.Duration) GroupOption {
 	return groupOptionFunc(func(c *groupConfig) { c.timeout = d })
 }
 
+// WithMaxReconsumeTimes sets how many times SendBack lets a message come
+// back before the broker moves it to the group's dead-letter topic
+// (%DLQ%<group>; DefaultMaxReconsumeTimes, RocketMQ's 16).
+func WithMaxReconsumeTimes(n int) GroupOption {
+	return groupOptionFunc(func(c *groupConfig) { c.maxReconsume = int32(n) })
+}
+
 // WithListener sets the rebalance listener. In locking mode it must also
 // implement LockLossListener.
 func WithListener(l RebalanceListener) GroupOption {
@@ -205,6 +218,8 @@ func (c *groupConfig) validate() error {
 		return fmt.Errorf("client: group timeout %v must be positive", c.timeout)
 	case c.locking && c.broadcasting:
 		return errors.New("client: queue locking requires clustering, not broadcasting")
+	case c.maxReconsume < 0:
+		return fmt.Errorf("client: max reconsume times %d must not be negative", c.maxReconsume)
 	case c.locking && (c.lockRenew <= 0 || c.lockValidity <= c.lockRenew):
 		return fmt.Errorf("client: lock validity %v must exceed the renew interval %v > 0", c.lockValidity, c.lockRenew)
 	}
@@ -309,6 +324,7 @@ func NewGroupConsumer(c *Client, group string, opts ...GroupOption) (*GroupConsu
 		lockRenew:         DefaultLockRenewInterval,
 		lockValidity:      DefaultLockValidity,
 		timeout:           DefaultGroupTimeout,
+		maxReconsume:      DefaultMaxReconsumeTimes,
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -336,8 +352,22 @@ func (g *GroupConsumer) Group() string { return g.group }
 // before Start. The expression is reported to brokers in heartbeats; the
 // puller applies it.
 func (g *GroupConsumer) Subscribe(topic, expr string) error {
+	return g.SubscribeSelector(topic, ByTag(expr))
+}
+
+// SubscribeSelector adds (or replaces) the subscription of topic with a
+// TAG or SQL92 selector (ByTag, BySQL92). It must be called before Start.
+// A SQL92 selector is checked by a broker of the topic at Start
+// (CHECK_CLIENT_CONFIG: brokers without property filtering refuse it, as
+// do Java brokers without enablePropertyFilter); Pull requests carry
+// Selector.Expression and Selector.Type to have the broker filter.
+func (g *GroupConsumer) SubscribeSelector(topic string, sel Selector) error {
 	if topic == "" || len(topic) > 127 {
 		return fmt.Errorf("client: invalid topic name %q", topic)
+	}
+	sd, err := sel.subscription(topic, time.Now().UnixMilli())
+	if err != nil {
+		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -347,8 +377,19 @@ func (g *GroupConsumer) Subscribe(topic, expr string) error {
 	case groupClosed:
 		return ErrGroupClosed
 	}
-	g.mu.subs[topic] = protocol.NewTagSubscription(topic, expr, time.Now().UnixMilli())
+	g.mu.subs[topic] = sd
 	return nil
+}
+
+// Selector returns the selector topic is subscribed with.
+func (g *GroupConsumer) Selector(topic string) (Selector, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sd, ok := g.mu.subs[topic]
+	if !ok {
+		return Selector{}, false
+	}
+	return Selector{Type: sd.ExpressionType, Expression: sd.SubString}, true
 }
 
 // consumerData is the group's heartbeat entry; called by the Client's
@@ -362,13 +403,20 @@ func (g *GroupConsumer) consumerData() protocol.ConsumerData {
 	subs := slices.Collect(maps.Values(g.mu.subs))
 	g.mu.Unlock()
 	slices.SortFunc(subs, func(a, b protocol.SubscriptionData) int { return strings.Compare(a.Topic, b.Topic) })
-	return protocol.ConsumerData{
+	cd := protocol.ConsumerData{
 		GroupName:           g.group,
 		ConsumeType:         protocol.ConsumeActively,
 		MessageModel:        model,
 		ConsumeFromWhere:    protocol.ConsumeFromLastOffset,
 		SubscriptionDataSet: subs,
 	}
+	if g.cfg.consumeType != "" {
+		cd.ConsumeType = g.cfg.consumeType
+	}
+	if g.cfg.consumeFrom != "" {
+		cd.ConsumeFromWhere = g.cfg.consumeFrom
+	}
+	return cd
 }
 
 // topics returns the subscribed topics, sorted.
@@ -422,8 +470,16 @@ func (g *GroupConsumer) Start(ctx context.Context) error {
 	}
 	for _, t := range g.topics() {
 		if _, err := g.c.Route(ctx, t); err != nil {
+			if isRetryTopic(t) && errors.Is(err, protocol.ErrTopicNotExist) {
+				// Brokers create a group's retry topic on its first
+				// heartbeat (and on send-back); rebalances find it then.
+				continue
+			}
 			return fail(fmt.Errorf("client: group %s: route of %s: %w", g.group, t, err))
 		}
+	}
+	if err := g.checkSelectors(ctx); err != nil {
+		return fail(err)
 	}
 	unreg := g.c.registerConsumer(g.group, g.consumerData)
 	rm := g.c.handleServerRequest(protocol.ReqNotifyConsumerIDsChanged, g.onNotify)
@@ -510,6 +566,18 @@ func (g *GroupConsumer) Assignment() []protocol.MessageQueue {
 	return out
 }
 
+// owns reports whether q is owned now (in locking mode: with a lock whose
+// validity has not lapsed).
+func (g *GroupConsumer) owns(q protocol.MessageQueue) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s, ok := g.mu.owned[q]
+	if !ok || s.lost {
+		return false
+	}
+	return !g.cfg.locking || time.Now().Before(s.lockedUntil)
+}
+
 // rebalanceLoop is the rebalance goroutine: it runs the first rebalance,
 // closes first, then rebalances on triggers. It is the only caller of the
 // listener while the GroupConsumer runs.
@@ -586,7 +654,11 @@ func (g *GroupConsumer) rebalance(ctx context.Context) (pending bool) {
 	for _, topic := range g.topics() {
 		qs, err := g.allocateTopic(ctx, self, topic)
 		if err != nil {
-			g.log.Warn("client: rebalance of topic failed; keeping its queues", "topic", topic, "err", err)
+			if isRetryTopic(topic) && errors.Is(err, protocol.ErrTopicNotExist) {
+				g.log.Debug("client: the group's retry topic has no route yet", "topic", topic)
+			} else {
+				g.log.Warn("client: rebalance of topic failed; keeping its queues", "topic", topic, "err", err)
+			}
 			for q := range current {
 				if q.Topic == topic {
 					target[q] = true

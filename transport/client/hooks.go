@@ -9,7 +9,8 @@ import (
 )
 
 // Hook is a value that implements one or more of the Hook* interfaces of
-// this package (HookProduce, HookProduced, HookPull). Hooks are given to
+// this package (HookProduce, HookProduced, HookPull, HookConsume,
+// HookConsumed). Hooks are given to
 // WithHooks; the Client type-asserts each one once, at New, so a hook only
 // pays for the interfaces it implements and new hook interfaces never break
 // existing hooks (franz-go's kgo.Hook). Hooks are called synchronously on the
@@ -43,6 +44,23 @@ type HookProduced interface {
 // pull took (including the broker's long-poll suspension).
 type HookPull interface {
 	OnPull(ctx context.Context, req *PullRequest, res *PullResult, took time.Duration, err error)
+}
+
+// HookConsume is called by a PushConsumer for each message it is about to
+// hand to its handler, on the worker goroutine that will call the handler.
+// It returns the message's context (ConsumedMessage.Context): ctx, or ctx
+// carrying what the hook extracted from the message's properties (the
+// producer's trace, for a span around the handler). m must not be modified.
+type HookConsume interface {
+	OnConsume(ctx context.Context, group string, m *protocol.MessageExt) context.Context
+}
+
+// HookConsumed is called by a PushConsumer for each message after its
+// handler call returned, on the worker goroutine, with the message's
+// context (the one HookConsume returned), the verdict and the call's
+// duration.
+type HookConsumed interface {
+	OnConsumed(ctx context.Context, group string, m *protocol.MessageExt, result ConsumeResult, took time.Duration)
 }
 
 // WithHooks adds hooks to the Client and to every Producer created on it.
@@ -112,6 +130,8 @@ type clientHooks struct {
 	produce  []HookProduce
 	produced []HookProduced
 	pull     []HookPull
+	consume  []HookConsume
+	consumed []HookConsumed
 }
 
 func (h *clientHooks) add(x Hook) {
@@ -123,6 +143,12 @@ func (h *clientHooks) add(x Hook) {
 	}
 	if p, ok := x.(HookPull); ok {
 		h.pull = append(h.pull, p)
+	}
+	if p, ok := x.(HookConsume); ok {
+		h.consume = append(h.consume, p)
+	}
+	if p, ok := x.(HookConsumed); ok {
+		h.consumed = append(h.consumed, p)
 	}
 }
 

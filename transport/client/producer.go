@@ -313,6 +313,7 @@ type outbound struct {
 	sysFlag int32
 	flag    int32
 	batch   bool
+	reply   bool // a reply (MSG_TYPE=reply): SEND_REPLY_MESSAGE_V2
 	msgID   string
 	queue   *protocol.MessageQueue
 	first   *Message
@@ -665,6 +666,8 @@ func (p *Producer) buildCmd(ob *outbound, q protocol.MessageQueue, now time.Time
 	if ob.batch {
 		cmd.Code = protocol.ReqSendBatchMessage
 		h.Batch = protocol.Some(true)
+	} else if ob.reply {
+		cmd.Code = protocol.ReqSendReplyMessageV2 // request.go
 	}
 	h.Encode(cmd)
 	cmd.Body = ob.body
@@ -842,6 +845,7 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool, inject ...s
 	}
 	m := msgs[0]
 	*ob = outbound{topic: m.Topic, flag: m.Flag, queue: m.Queue, first: m}
+	ob.reply = len(msgs) == 1 && m.Properties[protocol.PropMsgType] == replyMessageFlag
 	idLen := p.c.uniq.Len()
 	if len(msgs) == 1 {
 		var extra []string

@@ -50,6 +50,11 @@ type TxHandle struct {
 	MsgID           string `json:"msgId"` // UNIQ_KEY
 	TransactionID   string `json:"transactionId"`
 	OffsetMsgID     string `json:"offsetMsgId"`
+	// Status is the status the broker stored the half message with:
+	// SendOK, or stored on the master but not yet flushed or replicated
+	// (Apache RocketMQ's transactional producer rolls such a half message
+	// back). Not part of the handle's JSON.
+	Status SendStatus `json:"-"`
 }
 
 // SendHalf sends msg as a transactional half message: the broker stores it
@@ -94,6 +99,7 @@ func (p *Producer) halfHandle(topic string, res SendResult) (TxHandle, error) {
 		MsgID:                res.MsgID,
 		TransactionID:        txID,
 		OffsetMsgID:          res.OffsetMsgID,
+		Status:               res.Status,
 	}, nil
 }
 

@@ -308,3 +308,17 @@ func (c *Client) isNameServer(addr string) bool {
 	addrs, _ := c.nameServers()
 	return slices.Contains(addrs, addr)
 }
+
+// masterOf returns the master address of q's broker, for requests that
+// only a master serves (pop, send-back: they write).
+func (c *Client) masterOf(ctx context.Context, q protocol.MessageQueue) (string, error) {
+	r, err := c.Route(ctx, q.Topic)
+	if err != nil {
+		return "", err
+	}
+	addr, ok := r.MasterAddr(q.BrokerName)
+	if !ok {
+		return "", fmt.Errorf("%w: broker %q of %s has no master", ErrNoRoute, q.BrokerName, q)
+	}
+	return addr, nil
+}

@@ -79,6 +79,17 @@ func (c *CheckClientRequestBody) Decode(b []byte) error {
 	return decodeBody("check client config", b, c)
 }
 
+// Encode returns the body as JSON, empty sets of the subscription as [].
+func (c *CheckClientRequestBody) Encode() ([]byte, error) {
+	cc := *c
+	if c.SubscriptionData != nil {
+		sd := *c.SubscriptionData
+		sd.TagsSet, sd.CodeSet = nonNil(sd.TagsSet), nonNil(sd.CodeSet)
+		cc.SubscriptionData = &sd
+	}
+	return encodeBody("check client config", &cc)
+}
+
 // NewTagSubscription builds the SubscriptionData of a TAG expression the way
 // the Java client does (tagsSet and codeSet from ParseTagExpression; "*" for
 // all).

@@ -66,6 +66,8 @@ const (
 	ReqPushReplyMessageToClient         int32 = 326    // PUSH_REPLY_MESSAGE_TO_CLIENT
 	ReqGetTopicConfig                   int32 = 351    // GET_TOPIC_CONFIG
 	ReqLitePullMessage                  int32 = 361    // LITE_PULL_MESSAGE
+	ReqQueryAssignment                  int32 = 400    // QUERY_ASSIGNMENT
+	ReqSetMessageRequestMode            int32 = 401    // SET_MESSAGE_REQUEST_MODE
 	ReqBrokerHeartbeat                  int32 = 904    // BROKER_HEARTBEAT
 	ReqNotifyMinBrokerIDChange          int32 = 905    // NOTIFY_MIN_BROKER_ID_CHANGE
 	ReqGetBrokerHAStatus                int32 = 907    // GET_BROKER_HA_STATUS
@@ -260,6 +262,10 @@ func RequestCodeName(c int32) string {
 		return "GET_TOPIC_CONFIG"
 	case 361:
 		return "LITE_PULL_MESSAGE"
+	case 400:
+		return "QUERY_ASSIGNMENT"
+	case 401:
+		return "SET_MESSAGE_REQUEST_MODE"
 	case 904:
 		return "BROKER_HEARTBEAT"
 	case 905:
@@ -3918,6 +3924,7 @@ type PopMessageRequestHeader struct {
 	Exp           string    // "exp", optional: filter expression
 	Order         Opt[bool] // "order", optional: ordered pop
 	AttemptID     string    // "attemptId", optional: attempt id
+	BrokerName    string    // "bname", optional: broker name (RocketMQ 5)
 }
 
 // Encode sets h's fields as extFields of c: required fields always,
@@ -3942,6 +3949,9 @@ func (h *PopMessageRequestHeader) Encode(c *Command) {
 	}
 	if h.AttemptID != "" {
 		c.SetExt("attemptId", h.AttemptID)
+	}
+	if h.BrokerName != "" {
+		c.SetExt("bname", h.BrokerName)
 	}
 }
 
@@ -4010,6 +4020,8 @@ func (h *PopMessageRequestHeader) Decode(c *Command) error {
 			h.Order = Opt[bool]{V: parseBool(f.Value), Set: true}
 		case "attemptId":
 			h.AttemptID = f.Value
+		case "bname":
+			h.BrokerName = f.Value
 		}
 	}
 	if seen != 1<<8-1 {
@@ -4145,6 +4157,7 @@ type AckMessageRequestHeader struct {
 	QueueID       int32  // "queueId", required: queue
 	ExtraInfo     string // "extraInfo", required: receipt handle
 	Offset        int64  // "offset", required: message queue offset
+	BrokerName    string // "bname", optional: broker name (RocketMQ 5)
 }
 
 // Encode sets h's fields as extFields of c: required fields always,
@@ -4155,6 +4168,9 @@ func (h *AckMessageRequestHeader) Encode(c *Command) {
 	c.SetExtInt("queueId", int64(h.QueueID))
 	c.SetExt("extraInfo", h.ExtraInfo)
 	c.SetExtInt("offset", h.Offset)
+	if h.BrokerName != "" {
+		c.SetExt("bname", h.BrokerName)
+	}
 }
 
 // Decode sets h from c's extFields, ignoring unknown keys. A missing
@@ -4189,6 +4205,8 @@ func (h *AckMessageRequestHeader) Decode(c *Command) error {
 			}
 			h.Offset = v
 			seen |= 1 << 4
+		case "bname":
+			h.BrokerName = f.Value
 		}
 	}
 	if seen != 1<<5-1 {
@@ -4222,6 +4240,7 @@ type ChangeInvisibleTimeRequestHeader struct {
 	ExtraInfo     string // "extraInfo", required: receipt handle
 	Offset        int64  // "offset", required: message queue offset
 	InvisibleTime int64  // "invisibleTime", required: new invisibility in milliseconds
+	BrokerName    string // "bname", optional: broker name (RocketMQ 5)
 }
 
 // Encode sets h's fields as extFields of c: required fields always,
@@ -4233,6 +4252,9 @@ func (h *ChangeInvisibleTimeRequestHeader) Encode(c *Command) {
 	c.SetExt("extraInfo", h.ExtraInfo)
 	c.SetExtInt("offset", h.Offset)
 	c.SetExtInt("invisibleTime", h.InvisibleTime)
+	if h.BrokerName != "" {
+		c.SetExt("bname", h.BrokerName)
+	}
 }
 
 // Decode sets h from c's extFields, ignoring unknown keys. A missing
@@ -4274,6 +4296,8 @@ func (h *ChangeInvisibleTimeRequestHeader) Decode(c *Command) error {
 			}
 			h.InvisibleTime = v
 			seen |= 1 << 5
+		case "bname":
+			h.BrokerName = f.Value
 		}
 	}
 	if seen != 1<<6-1 {
@@ -4358,6 +4382,248 @@ func (h *ChangeInvisibleTimeResponseHeader) Decode(c *Command) error {
 		}
 		if seen&(1<<2) == 0 {
 			return missingField("reviveQid")
+		}
+	}
+	return nil
+}
+
+// NotificationRequestHeader is the custom header (extFields) of requests ReqNotification.
+// Required fields are plain values; optional numbers and booleans are Opt
+// values, so that absent differs from zero; an optional string is absent
+// when empty.
+type NotificationRequestHeader struct {
+	ConsumerGroup string    // "consumerGroup", required: consumer group
+	Topic         string    // "topic", required: topic
+	QueueID       int32     // "queueId", required: queue, -1 for any
+	PollTime      int64     // "pollTime", required: long-poll time in milliseconds
+	BornTime      int64     // "bornTime", required: request time in milliseconds
+	Order         Opt[bool] // "order", optional: ordered pop
+	AttemptID     string    // "attemptId", optional: attempt id
+	BrokerName    string    // "bname", optional: broker name (RocketMQ 5)
+}
+
+// Encode sets h's fields as extFields of c: required fields always,
+// optional ones when set (or non-empty).
+func (h *NotificationRequestHeader) Encode(c *Command) {
+	c.SetExt("consumerGroup", h.ConsumerGroup)
+	c.SetExt("topic", h.Topic)
+	c.SetExtInt("queueId", int64(h.QueueID))
+	c.SetExtInt("pollTime", h.PollTime)
+	c.SetExtInt("bornTime", h.BornTime)
+	if h.Order.Set {
+		c.SetExtBool("order", h.Order.V)
+	}
+	if h.AttemptID != "" {
+		c.SetExt("attemptId", h.AttemptID)
+	}
+	if h.BrokerName != "" {
+		c.SetExt("bname", h.BrokerName)
+	}
+}
+
+// Decode sets h from c's extFields, ignoring unknown keys. A missing
+// required field or an unparsable number is an error wrapping ErrBadHeader
+// that names the key; booleans follow Java's parseBoolean.
+func (h *NotificationRequestHeader) Decode(c *Command) error {
+	*h = NotificationRequestHeader{}
+	var seen uint64
+	for it := c.exts(); it.next(); {
+		f := &it.f
+		switch f.Key {
+		case "consumerGroup":
+			h.ConsumerGroup = f.Value
+			seen |= 1 << 0
+		case "topic":
+			h.Topic = f.Value
+			seen |= 1 << 1
+		case "queueId":
+			v, err := parseInt32(f.Key, f.Value)
+			if err != nil {
+				return err
+			}
+			h.QueueID = v
+			seen |= 1 << 2
+		case "pollTime":
+			v, err := parseInt64(f.Key, f.Value)
+			if err != nil {
+				return err
+			}
+			h.PollTime = v
+			seen |= 1 << 3
+		case "bornTime":
+			v, err := parseInt64(f.Key, f.Value)
+			if err != nil {
+				return err
+			}
+			h.BornTime = v
+			seen |= 1 << 4
+		case "order":
+			h.Order = Opt[bool]{V: parseBool(f.Value), Set: true}
+		case "attemptId":
+			h.AttemptID = f.Value
+		case "bname":
+			h.BrokerName = f.Value
+		}
+	}
+	if seen != 1<<5-1 {
+		if seen&(1<<0) == 0 {
+			return missingField("consumerGroup")
+		}
+		if seen&(1<<1) == 0 {
+			return missingField("topic")
+		}
+		if seen&(1<<2) == 0 {
+			return missingField("queueId")
+		}
+		if seen&(1<<3) == 0 {
+			return missingField("pollTime")
+		}
+		if seen&(1<<4) == 0 {
+			return missingField("bornTime")
+		}
+	}
+	return nil
+}
+
+// NotificationResponseHeader is the custom header (extFields) of responses to ReqNotification.
+// Required fields are plain values; optional numbers and booleans are Opt
+// values, so that absent differs from zero; an optional string is absent
+// when empty.
+type NotificationResponseHeader struct {
+	HasMsg      bool      // "hasMsg", required: a message can be popped
+	PollingFull Opt[bool] // "pollingFull", optional: the broker holds too many requests
+}
+
+// Encode sets h's fields as extFields of c: required fields always,
+// optional ones when set (or non-empty).
+func (h *NotificationResponseHeader) Encode(c *Command) {
+	c.SetExtBool("hasMsg", h.HasMsg)
+	if h.PollingFull.Set {
+		c.SetExtBool("pollingFull", h.PollingFull.V)
+	}
+}
+
+// Decode sets h from c's extFields, ignoring unknown keys. A missing
+// required field or an unparsable number is an error wrapping ErrBadHeader
+// that names the key; booleans follow Java's parseBoolean.
+func (h *NotificationResponseHeader) Decode(c *Command) error {
+	*h = NotificationResponseHeader{}
+	var seen uint64
+	for it := c.exts(); it.next(); {
+		f := &it.f
+		switch f.Key {
+		case "hasMsg":
+			h.HasMsg = parseBool(f.Value)
+			seen |= 1 << 0
+		case "pollingFull":
+			h.PollingFull = Opt[bool]{V: parseBool(f.Value), Set: true}
+		}
+	}
+	if seen != 1<<1-1 {
+		if seen&(1<<0) == 0 {
+			return missingField("hasMsg")
+		}
+	}
+	return nil
+}
+
+// PollingInfoRequestHeader is the custom header (extFields) of requests ReqPollingInfo.
+// Required fields are plain values; optional numbers and booleans are Opt
+// values, so that absent differs from zero; an optional string is absent
+// when empty.
+type PollingInfoRequestHeader struct {
+	ConsumerGroup string // "consumerGroup", required: consumer group
+	Topic         string // "topic", required: topic
+	QueueID       int32  // "queueId", required: queue, -1 for any
+	BrokerName    string // "bname", optional: broker name (RocketMQ 5)
+}
+
+// Encode sets h's fields as extFields of c: required fields always,
+// optional ones when set (or non-empty).
+func (h *PollingInfoRequestHeader) Encode(c *Command) {
+	c.SetExt("consumerGroup", h.ConsumerGroup)
+	c.SetExt("topic", h.Topic)
+	c.SetExtInt("queueId", int64(h.QueueID))
+	if h.BrokerName != "" {
+		c.SetExt("bname", h.BrokerName)
+	}
+}
+
+// Decode sets h from c's extFields, ignoring unknown keys. A missing
+// required field or an unparsable number is an error wrapping ErrBadHeader
+// that names the key; booleans follow Java's parseBoolean.
+func (h *PollingInfoRequestHeader) Decode(c *Command) error {
+	*h = PollingInfoRequestHeader{}
+	var seen uint64
+	for it := c.exts(); it.next(); {
+		f := &it.f
+		switch f.Key {
+		case "consumerGroup":
+			h.ConsumerGroup = f.Value
+			seen |= 1 << 0
+		case "topic":
+			h.Topic = f.Value
+			seen |= 1 << 1
+		case "queueId":
+			v, err := parseInt32(f.Key, f.Value)
+			if err != nil {
+				return err
+			}
+			h.QueueID = v
+			seen |= 1 << 2
+		case "bname":
+			h.BrokerName = f.Value
+		}
+	}
+	if seen != 1<<3-1 {
+		if seen&(1<<0) == 0 {
+			return missingField("consumerGroup")
+		}
+		if seen&(1<<1) == 0 {
+			return missingField("topic")
+		}
+		if seen&(1<<2) == 0 {
+			return missingField("queueId")
+		}
+	}
+	return nil
+}
+
+// PollingInfoResponseHeader is the custom header (extFields) of responses to ReqPollingInfo.
+// Required fields are plain values; optional numbers and booleans are Opt
+// values, so that absent differs from zero; an optional string is absent
+// when empty.
+type PollingInfoResponseHeader struct {
+	PollingNum int32 // "pollingNum", required: requests held for the queue
+}
+
+// Encode sets h's fields as extFields of c: required fields always,
+// optional ones when set (or non-empty).
+func (h *PollingInfoResponseHeader) Encode(c *Command) {
+	c.SetExtInt("pollingNum", int64(h.PollingNum))
+}
+
+// Decode sets h from c's extFields, ignoring unknown keys. A missing
+// required field or an unparsable number is an error wrapping ErrBadHeader
+// that names the key; booleans follow Java's parseBoolean.
+func (h *PollingInfoResponseHeader) Decode(c *Command) error {
+	*h = PollingInfoResponseHeader{}
+	var seen uint64
+	for it := c.exts(); it.next(); {
+		f := &it.f
+		switch f.Key {
+		case "pollingNum":
+			v, err := parseInt32(f.Key, f.Value)
+			if err != nil {
+				return err
+			}
+			h.PollingNum = v
+			seen |= 1 << 0
+		}
+	}
+	if seen != 1<<1-1 {
+		if seen&(1<<0) == 0 {
+			return missingField("pollingNum")
 		}
 	}
 	return nil

@@ -72,5 +72,9 @@ func allHeaders() []generatedHeader {
 		{new(AckMessageRequestHeader), []string{"consumerGroup", "topic", "queueId", "extraInfo", "offset"}},
 		{new(ChangeInvisibleTimeRequestHeader), []string{"consumerGroup", "topic", "queueId", "extraInfo", "offset", "invisibleTime"}},
 		{new(ChangeInvisibleTimeResponseHeader), []string{"popTime", "invisibleTime", "reviveQid"}},
+		{new(NotificationRequestHeader), []string{"consumerGroup", "topic", "queueId", "pollTime", "bornTime"}},
+		{new(NotificationResponseHeader), []string{"hasMsg"}},
+		{new(PollingInfoRequestHeader), []string{"consumerGroup", "topic", "queueId"}},
+		{new(PollingInfoResponseHeader), []string{"pollingNum"}},
 	}
 }

@@ -107,12 +107,15 @@ type SubscriberConfig struct {
 	// NackResendMaxDelay (defaults 10 ms and 100 ms).
 	NackResendDelay    time.Duration
 	NackResendMaxDelay time.Duration
-	// SendBackAfterAttempts, when > 0, sends a message nacked that many
-	// times in a row back to the group's retry topic (%RETRY%<group>) with
-	// delay level SendBackDelayLevel and treats it as consumed; the
-	// subscription also consumes the retry topic, so the message comes back
-	// after the delay (to any member of the group). 0 = redeliver in-process
-	// forever. The retry topic is per group: use it with groups that
+	// SendBackAfterAttempts, when > 0, hands a message nacked that many
+	// times in a row back to the broker (CONSUMER_SEND_MSG_BACK, RocketMQ's
+	// retry path) with delay level SendBackDelayLevel and treats it as
+	// consumed; the subscription also consumes the group's retry topic
+	// (%RETRY%<group>), so the message comes back after the delay (to any
+	// member of the group), its reconsume count up. Past the group's max
+	// reconsume times (client.WithMaxReconsumeTimes in GroupOptions, 16 by
+	// default) the broker moves it to %DLQ%<group> instead. 0 = redeliver
+	// in-process forever. The retry topic is per group: use it with groups that
 	// consume one topic (the default GenerateConsumerGroup).
 	SendBackAfterAttempts int
 	// SendBackDelayLevel is the delay level of sent-back messages (the
@@ -227,9 +230,8 @@ type Subscriber struct {
 	wg       sync.WaitGroup // one teardown goroutine per subscription
 	mu       struct {
 		sync.Mutex
-		closed   bool
-		groups   map[string]bool // groups with an active subscription
-		producer *client.Producer
+		closed bool
+		groups map[string]bool // groups with an active subscription
 	}
 	closeOnce sync.Once
 	closeErr  error

@@ -3,12 +3,14 @@ package watermill_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -216,6 +218,67 @@ func TestNackThenSendBack(t *testing.T) {
 		t.Fatalf("sent back: got %s from %v (want %s and %v, then %s)", back.UUID, q, first.UUID, "%RETRY%", next.UUID)
 	}
 	back.Ack()
+}
+
+// TestNackSendBackDLQ: a nack goes back through CONSUMER_SEND_MSG_BACK,
+// so the broker counts the redeliveries: with max reconsume times 1 the
+// message comes back once from the retry topic and, nacked again, lands
+// in %DLQ%<group> with its payload, and is not delivered again. (The first
+// Subscriber re-published nacked messages to %RETRY% itself: their
+// reconsume count stayed 0 and they never reached the dead-letter topic.)
+func TestNackSendBackDLQ(t *testing.T) {
+	e := newEnv(t, broker.WithDelayLevels([]time.Duration{50 * time.Millisecond, 100 * time.Millisecond}))
+	pc := pubSubConfig{queues: 1, mutate: func(c *rwm.SubscriberConfig) {
+		c.SendBackAfterAttempts = 1
+		c.SendBackDelayLevel = 1
+		c.GroupOptions = append(c.GroupOptions, client.WithMaxReconsumeTimes(1))
+	}}
+	pub := newPublisher(t, e.nsAddr, pc)
+	sub := newSubscriber(t, e.nsAddr, pc)
+	const topic = "dlq-topic"
+	group := rwm.DefaultConsumerGroup(topic)
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, pub, topic, 0, 1)
+	first := recv(t, ch)
+	first.Nack()
+	back := recv(t, ch)
+	q, _, _ := rwm.MessageQueueFromCtx(back.Context())
+	if back.UUID != first.UUID || q.Topic != "%RETRY%"+group {
+		t.Fatalf("after the nack: %s from %v, want %s from the retry topic", back.UUID, q, first.UUID)
+	}
+	back.Nack() // reconsumed once: the broker dead-letters it
+	select {
+	case m := <-ch:
+		t.Fatalf("message %s delivered again after max reconsume times", m.UUID)
+	case <-time.After(time.Second):
+	}
+	c, err := client.New(append(clientOptions(), client.WithNameServers(e.nsAddr))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var dead []protocol.MessageExt
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		r, err := c.Pull(ctx, client.PullRequest{Queue: protocol.MessageQueue{Topic: "%DLQ%" + group, BrokerName: "broker-a"},
+			Group: "dlq_reader"})
+		if err != nil {
+			return err
+		}
+		if dead = r.Messages; len(dead) != 1 {
+			return fmt.Errorf("%d messages in the dead-letter topic", len(dead))
+		}
+		return nil
+	})
+	// The broker counts the dead-lettering send-back too (Java's
+	// consumerSendMsgBack sets reconsume times + 1 on either copy).
+	if string(dead[0].Body) != string(first.Payload) || dead[0].ReconsumeTimes != 2 {
+		t.Errorf("dead letter %q with reconsume times %d, want %q and 2", dead[0].Body, dead[0].ReconsumeTimes, first.Payload)
+	}
 }
 
 // TestShardingKeyOrder: with a sharding key from metadata, messages of one

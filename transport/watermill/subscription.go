@@ -379,7 +379,7 @@ func (w *queueWorker) deliver(ctx context.Context, ext *protocol.MessageExt) boo
 			}
 		}
 		if n := cfg.SendBackAfterAttempts; n > 0 && attempt >= n {
-			if err := w.sendBack(ctx, ext, msg); err == nil {
+			if err := w.sendBack(ctx, ext); err == nil {
 				w.acked = off + 1
 				return true
 			} else if ctx.Err() != nil {
@@ -396,26 +396,20 @@ func (w *queueWorker) deliver(ctx context.Context, ext *protocol.MessageExt) boo
 	}
 }
 
-// sendBack stores the message in the group's retry topic with a delay.
-func (w *queueWorker) sendBack(ctx context.Context, ext *protocol.MessageExt, msg *message.Message) error {
-	p, err := w.sub.s.sendBackProducer()
-	if err != nil {
-		return err
-	}
-	var m Marshaler = DefaultMarshaler{}
-	if um, ok := w.cfg().Unmarshaler.(Marshaler); ok {
-		m = um
-	}
-	rm, err := m.Marshal(retryTopic(w.sub.group), msg)
-	if err != nil {
-		return err
-	}
-	rm.Tags = ext.Tags()
-	rm.DelayLevel = w.cfg().SendBackDelayLevel
+// sendBack hands the message back to the broker (CONSUMER_SEND_MSG_BACK,
+// RocketMQ's retry path): the broker stores it again in the group's retry
+// topic after SendBackDelayLevel, its reconsume count up, and moves it to
+// the group's dead-letter topic %DLQ%<group> once it was consumed
+// MaxReconsumeTimes times (client.WithMaxReconsumeTimes in GroupOptions;
+// 16 by default). The client sends it to the retry topic itself only when
+// the broker refuses the request. What goes back is the message as stored
+// (the handler's changes to the watermill message are not kept), as with
+// any RocketMQ consumer.
+func (w *queueWorker) sendBack(ctx context.Context, ext *protocol.MessageExt) error {
 	sctx, cancel := context.WithTimeout(ctx, w.cfg().OperationTimeout)
 	defer cancel()
-	if _, err := p.Send(sctx, rm); err != nil {
-		return fmt.Errorf("watermill: send back to %s: %w", rm.Topic, err)
+	if err := w.sub.gc.SendBack(sctx, ext, w.cfg().SendBackDelayLevel); err != nil {
+		return fmt.Errorf("watermill: send back to %s: %w", retryTopic(w.sub.group), err)
 	}
 	return nil
 }
@@ -435,22 +429,6 @@ func (w *queueWorker) commit(final bool) {
 	w.committed, w.lastCommit = w.acked, time.Now()
 }
 
-func (s *Subscriber) sendBackProducer() (*client.Producer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.closed {
-		return nil, ErrSubscriberClosed
-	}
-	if s.mu.producer == nil {
-		p, err := client.NewProducer(s.c, "watermill_sendback")
-		if err != nil {
-			return nil, err
-		}
-		s.mu.producer = p
-	}
-	return s.mu.producer, nil
-}
-
 // Close ends every subscription (leaving its group: queue loops stop and
 // commit their acked offsets), waits for their goroutines, closes their
 // channels and, when the Subscriber created it, the client. Messages in
@@ -464,14 +442,8 @@ func (s *Subscriber) Close() error {
 		s.shutdown()
 		s.wg.Wait()
 		var err error
-		s.mu.Lock()
-		p := s.mu.producer
-		s.mu.Unlock()
-		if p != nil {
-			err = p.Close()
-		}
 		if s.ownsC {
-			err = errors.Join(err, s.c.Close())
+			err = s.c.Close()
 		}
 		s.closeErr = err
 	})

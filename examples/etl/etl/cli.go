@@ -45,6 +45,8 @@ func ParseFlags(name string, args []string, stderr io.Writer) (*Flags, error) {
 	fs.IntVar(&f.Config.Ranges, "ranges", 0, fmt.Sprintf("key-group ranges (tasks) of the keyed stage; every worker of the job must use the same (0: %d)", pipeline.DefaultRanges))
 	fs.IntVar(&f.Config.Standbys, "standbys", 0, "warm standby copies of each task's state on other workers")
 	fs.StringVar(&f.Config.StatusAddr, "status", "", "serve this worker's status (/status JSON, / page) on HOST:PORT (port 0: a free one, logged)")
+	fs.StringVar(&f.Config.Restore, "restore", "", "with -single-process: restore from this retained checkpoint or savepoint id (runnel checkpoint list -state), or savepoint file, before starting (applied once)")
+	fs.IntVar(&f.Config.KeepCheckpoints, "keep-checkpoints", 0, "with -single-process: keep restorable copies of this many recent checkpoints")
 	fs.BoolVar(&f.Verbose, "v", false, "log at debug level to stderr")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -57,8 +59,12 @@ func ParseFlags(name string, args []string, stderr io.Writer) (*Flags, error) {
 		return nil, fmt.Errorf("-ranges %d: must be between 1 and %d (0: the default)", f.Config.Ranges, state.DefaultMaxParallelism)
 	case f.Config.Standbys < 0:
 		return nil, fmt.Errorf("-standbys %d: must not be negative", f.Config.Standbys)
-	case f.Config.SingleProcess && (f.Config.Ranges != 0 || f.Config.Standbys != 0 || f.Config.StatusAddr != "" || f.Config.Partitioned):
-		return nil, errors.New("-ranges, -standbys, -status and -partitioned configure workers: they do not apply with -single-process")
+	case f.Config.SingleProcess && (f.Config.Ranges != 0 || f.Config.Standbys != 0 || f.Config.Partitioned):
+		return nil, errors.New("-ranges, -standbys and -partitioned configure workers: they do not apply with -single-process")
+	case !f.Config.SingleProcess && (f.Config.Restore != "" || f.Config.KeepCheckpoints != 0):
+		return nil, errors.New("-restore and -keep-checkpoints need -single-process (a worker's tasks restore from the job's commit chains)")
+	case f.Config.KeepCheckpoints < 0:
+		return nil, fmt.Errorf("-keep-checkpoints %d: must not be negative", f.Config.KeepCheckpoints)
 	}
 	if f.Config.StateDir == "" {
 		f.Config.StateDir = "etl-state"

@@ -20,11 +20,18 @@ func TestParseFlagsWorker(t *testing.T) {
 	if f, err := ParseFlags("etl", []string{"-single-process"}, io.Discard); err != nil || !f.Config.SingleProcess || f.Config.StateDir != "etl-state" {
 		t.Errorf("-single-process: %+v, %v", f, err)
 	}
+	if f, err := ParseFlags("etl", []string{"-single-process", "-status", ":0", "-restore", "12", "-keep-checkpoints", "3"}, io.Discard); err != nil ||
+		f.Config.Restore != "12" || f.Config.KeepCheckpoints != 3 || f.Config.StatusAddr != ":0" {
+		t.Errorf("-single-process -status -restore -keep-checkpoints: %+v, %v", f, err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"-single-process", "-status", ":0"}, "do not apply with -single-process"},
+		{[]string{"-single-process", "-ranges", "4"}, "do not apply with -single-process"},
+		{[]string{"-restore", "7"}, "-restore and -keep-checkpoints need -single-process"},
+		{[]string{"-keep-checkpoints", "2"}, "-restore and -keep-checkpoints need -single-process"},
+		{[]string{"-single-process", "-keep-checkpoints", "-1"}, "-keep-checkpoints -1"},
 		{[]string{"-single-process", "-partitioned"}, "do not apply with -single-process"},
 		{[]string{"-ranges", "-1"}, "-ranges -1"},
 		{[]string{"-ranges", "129"}, "-ranges 129"},

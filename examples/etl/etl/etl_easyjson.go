@@ -35,13 +35,13 @@ func easyjson254bed07DecodeGithubComRunnelDevRunnelExamplesEtlEtl(in *jlexer.Lex
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.ID = string(in.String())
+				out.ID = string(in.UnsafeString())
 			}
 		case "customer":
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.Customer = string(in.String())
+				out.Customer = string(in.UnsafeString())
 			}
 		case "amount":
 			if in.IsNull() {
@@ -53,13 +53,13 @@ func easyjson254bed07DecodeGithubComRunnelDevRunnelExamplesEtlEtl(in *jlexer.Lex
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.Currency = string(in.String())
+				out.Currency = string(in.UnsafeString())
 			}
 		case "ts":
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.TS = string(in.String())
+				out.TS = string(in.UnsafeString())
 			}
 		default:
 			in.SkipRecursive()
@@ -142,13 +142,13 @@ func easyjson254bed07DecodeGithubComRunnelDevRunnelExamplesEtlEtl1(in *jlexer.Le
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.ID = string(in.String())
+				out.ID = string(in.UnsafeString())
 			}
 		case "customer":
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.Customer = string(in.String())
+				out.Customer = string(in.UnsafeString())
 			}
 		case "amount":
 			if in.IsNull() {
@@ -160,13 +160,13 @@ func easyjson254bed07DecodeGithubComRunnelDevRunnelExamplesEtlEtl1(in *jlexer.Le
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.Currency = string(in.String())
+				out.Currency = string(in.UnsafeString())
 			}
 		case "ts":
 			if in.IsNull() {
 				in.Skip()
 			} else {
-				out.TS = string(in.String())
+				out.TS = string(in.UnsafeString())
 			}
 		default:
 			in.SkipRecursive()

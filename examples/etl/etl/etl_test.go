@@ -181,3 +181,24 @@ func TestOutputMessage(t *testing.T) {
 		t.Fatalf("body changed by an append: %s", m.Body)
 	}
 }
+
+// BenchmarkDecodeOrder and BenchmarkOutputMessage are the job's codec per
+// record (BenchmarkETL measures the whole job).
+func BenchmarkDecodeOrder(b *testing.B) {
+	m := srcmq.Message{Body: []byte(`{"id":"o123456","customer":"c42","amount":12.5,"currency":"EUR","ts":"2025-01-01T00:00:00Z"}`)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeOrder(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOutputMessage(b *testing.B) {
+	e := &Enriched{Order: Order{ID: "o123456", Customer: "c42", Amount: 12.5, Currency: "USD", TS: "2025-01-01T00:00:00Z"},
+		CustomerOrderCount: 4, AmountEUR: EUR(12.5, "USD")}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = OutputMessage("out", e)
+	}
+}

@@ -73,11 +73,12 @@ func (cfg *Config) sinks(c *client.Client, alo *client.Producer) (sink.Sink[Enri
 	// The job binds each exactly-once sink to its producer group:
 	// TxGroup(Group, sink UID).
 	opts := append([]mqsink.TxOption{mqsink.WithTxLogger(cfg.logger())}, cfg.SinkOptions...)
-	o, err := mqsink.NewExactlyOnce(c, outMap, opts...)
+	// The topics the restore check reads (RestoreFrom).
+	o, err := mqsink.NewExactlyOnce(c, outMap, append(opts[:len(opts):len(opts)], mqsink.WithOutputTopics(cfg.Out))...)
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := mqsink.NewExactlyOnce(c, dlqMap, opts...)
+	d, err := mqsink.NewExactlyOnce(c, dlqMap, append(opts[:len(opts):len(opts)], mqsink.WithOutputTopics(dlqTopic))...)
 	if err != nil {
 		return nil, nil, errors.Join(err, o.Close())
 	}

@@ -81,6 +81,7 @@ final class Consumers {
     //   [--expr TAGEXPR | --sql SQL92] [--fail-times K] [--fail-prop P]
     //   [--max-reconsume M] [--suspend-ms D] [--batch B]
     //   [--sleep-ms S] [--threads N] [--instance I] [--quiet true]
+    //   [--pop true [--pop-invisible-ms D] [--pop-batch B]]
     // Prints "started", a "recv" event per delivery (redeliveries included,
     // with "delivery" (1, 2, …), "ok" (what the listener answers), "t_ms"
     // (wall clock) and "t_ns" (System.nanoTime, comparable between JVMs of
@@ -92,7 +93,12 @@ final class Consumers {
     // each message whose user property P is "true", and the first n of
     // those whose P is an integer n; others never fail), answering
     // RECONSUME_LATER or SUSPEND_CURRENT_QUEUE_A_MOMENT. --sleep-ms sleeps
-    // in the listener, per call.
+    // in the listener, per call. --pop (5.x only) sets clientRebalance
+    // false: the consumer asks the broker for its assignment
+    // (QUERY_ASSIGNMENT) and pops the queues the broker says to pop
+    // (ConsumeMessagePopConcurrentlyService: ack on success,
+    // CHANGE_MESSAGE_INVISIBLETIME by popDelayLevel on failure), with
+    // setPopInvisibleTime D and setPopBatchNums B.
     public static void push(Args a) throws Exception {
         clientProperties(a);
         String topic = a.req("topic");
@@ -116,6 +122,11 @@ final class Consumers {
         if (a.has("threads")) {
             c.setConsumeThreadMin(a.num("threads", 20));
             c.setConsumeThreadMax(a.num("threads", 20));
+        }
+        if (a.bool("pop")) {
+            invoke(c, "setClientRebalance", boolean.class, false);
+            if (a.has("pop-invisible-ms")) invoke(c, "setPopInvisibleTime", long.class, (long) a.num("pop-invisible-ms", 60000));
+            if (a.has("pop-batch")) invoke(c, "setPopBatchNums", int.class, a.num("pop-batch", 32));
         }
         if (a.has("sql")) {
             c.subscribe(topic, MessageSelector.bySql(a.get("sql", "")));
@@ -239,6 +250,12 @@ final class Consumers {
             }
         }
         throw new IllegalStateException("no setMessageModel");
+    }
+
+    // invoke calls a setter that only some client versions have (fails on
+    // the others).
+    static void invoke(Object o, String name, Class<?> type, Object v) throws Exception {
+        o.getClass().getMethod(name, type).invoke(o, v);
     }
 
     static String key(MessageExt m) {

@@ -1,0 +1,21 @@
+//go:build !failpoints
+
+package e2e
+
+import (
+	"github.com/runnel-dev/runnel/internal/failpoint"
+	"github.com/runnel-dev/runnel/pipeline"
+	"github.com/runnel-dev/runnel/sink/postgres"
+	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
+)
+
+// Without the failpoints build tag there are no failpoint options: these
+// add nothing, and the tests that need them skip (requireFailpoints).
+
+func txFaults(failpoint.Tx) []mqsink.TxOption { return nil }
+
+func phaseHook(func(mqsink.Phase, uint64)) []mqsink.TxOption { return nil }
+
+func jobFaults(failpoint.Pipeline) []pipeline.JobOption { return nil }
+
+func pgFaults(failpoint.Postgres) []postgres.Option { return nil }

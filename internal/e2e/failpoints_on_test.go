@@ -1,0 +1,27 @@
+//go:build failpoints
+
+package e2e
+
+import (
+	"github.com/runnel-dev/runnel/internal/failpoint"
+	"github.com/runnel-dev/runnel/pipeline"
+	"github.com/runnel-dev/runnel/sink/postgres"
+	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
+)
+
+// The failpoint options (internal/failpoint), compiled in with the
+// failpoints build tag; failpoints_off_test.go has the no-op versions.
+
+func txFaults(f failpoint.Tx) []mqsink.TxOption { return []mqsink.TxOption{mqsink.WithTxFaults(f)} }
+
+func phaseHook(fn func(mqsink.Phase, uint64)) []mqsink.TxOption {
+	return []mqsink.TxOption{mqsink.WithPhaseHook(fn)}
+}
+
+func jobFaults(f failpoint.Pipeline) []pipeline.JobOption {
+	return []pipeline.JobOption{pipeline.InjectFaults(f)}
+}
+
+func pgFaults(f failpoint.Postgres) []postgres.Option {
+	return []postgres.Option{postgres.WithFaults(f)}
+}
