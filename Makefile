@@ -10,7 +10,7 @@ MODULES  := . $(patsubst ./%/go.mod,%,$(shell find . -mindepth 2 -name go.mod -n
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
-.PHONY: run test test-short test-noinv test-failpoints lint fuzz bench tidy-check generate-check build test-watermill-full test-abuse
+.PHONY: run test test-short test-noinv test-failpoints lint fuzz bench mem soak tidy-check generate-check build test-watermill-full test-abuse
 
 ## run: the exactly-once ETL demo (examples/etl) end to end on an embedded name
 ## server + broker it starts itself: sample orders with a progress bar, the job as
@@ -83,6 +83,22 @@ fuzz:
 ## bench: benchmarks next to their peers (official Go client, ...) as a benchstat table
 bench:
 	@./scripts/bench.sh $(BENCHCOUNT)
+
+## mem: memory figures (internal/e2e BenchmarkMem*, a few minutes): the broker's
+## resident memory and Go heap with 1M messages of 1 KiB stored, with 100
+## consumers long-polling and per idle connection; a keyed job's peak resident
+## memory with 1M and 10M keys of state (MEMFLAGS=-short: 100k messages, 1M keys)
+mem:
+	RUNNEL_BENCH_MEM=1 $(GO) test -run '^$$' -bench '^BenchmarkMem' -benchtime 1x -count 1 -timeout 60m $(MEMFLAGS) -v ./internal/e2e/
+
+## soak: examples/etl's job exactly-once and a windowed job on the embedded broker
+## for SOAKTIME (default 30m) at SOAKRATE records/s each (default 2000): every
+## 10 s throughput, p99 latency, heap and open files, printed as a table at the
+## end; fails on an error, a lost or duplicated record, a throughput drop, or growth
+SOAKTIME ?= 30m
+SOAKRATE ?= 2000
+soak:
+	RUNNEL_SOAK=$(SOAKTIME) RUNNEL_SOAK_RATE=$(SOAKRATE) $(GO) test -count=1 -timeout 3h -run '^TestSoak$$' -v ./internal/e2e/
 
 ## tidy-check: go.mod and go.sum are tidy in every module
 tidy-check:

@@ -68,6 +68,7 @@ type jobConfig struct {
 	defaultOperatorPol Policy
 	obs                jobObs // hooks.go
 	stateBuffer        int64
+	stateCache         int64           // StateReadCache; 0: the default, < 0: none
 	startup            *time.Duration  // StartupTimeout (startup.go); nil: the default
 	sp                 savepointConfig // savepoint.go
 	// RunWorker (worker.go)
@@ -120,6 +121,17 @@ func MaxParallelism(n int) JobOption {
 // MiB); 0 or less keeps the default.
 func StateWriteBuffer(bytes int64) JobOption {
 	return jobOptionFunc(func(c *jobConfig) { c.stateBuffer = bytes })
+}
+
+// StateReadCache sets the size (bytes, approximate) of each keyed subtask's
+// cache of committed state values (state.WithReadCacheSize): it fills up to
+// that size, is emptied and refills. Default state.DefaultReadCacheSize
+// (32 MiB); 0 keeps the default, a negative size disables the cache. A job
+// whose keys churn (windows: every window's state is new keys) fills it
+// with entries it rarely reads again, so its heap grows by up to this much
+// per subtask before the cache first empties.
+func StateReadCache(bytes int64) JobOption {
+	return jobOptionFunc(func(c *jobConfig) { c.stateCache = bytes })
 }
 
 // DefaultParallelism sets the number of subtasks of keyed operators that do

@@ -671,6 +671,9 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	if kt.j.cfg.stateBuffer > 0 {
 		bopts = append(bopts, state.WithWriteBufferLimit(kt.j.cfg.stateBuffer))
 	}
+	if c := kt.j.cfg.stateCache; c != 0 {
+		bopts = append(bopts, state.WithReadCacheSize(max(c, 0)))
+	}
 	kt.backend, err = state.NewBackend(eng.Store(), kt.n.uid, maxP, bopts...)
 	if err != nil {
 		return err

@@ -517,6 +517,10 @@ func (b *Backend) BufferedBytes() int64 {
 	return n
 }
 
+// CachedBytes returns the approximate size of the cache of committed
+// values (WithReadCacheSize bounds it: past the bound it is emptied).
+func (b *Backend) CachedBytes() int64 { return b.cache.bytes }
+
 // WantsCheckpoint reports that the changes made since the last Snapshot
 // exceed the limit set by WithWriteBufferLimit: the runtime should take a
 // checkpoint now. That is how the write-back layer spills: its changes

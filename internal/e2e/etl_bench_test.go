@@ -19,39 +19,83 @@ import (
 // job run over the input; cpu-ns/record, the process's CPU time, broker
 // included, per record, is steadier on a shared machine).
 func BenchmarkETL(b *testing.B) {
-	n := 50_000
-	if testing.Short() {
-		n = 10_000
-	}
+	n := etlBenchRecords()
 	e := startETLBenchEnv(b, n)
 	for _, mode := range []string{"exactly-once", "at-least-once"} {
 		b.Run("mode="+mode, func(b *testing.B) {
 			b.ReportAllocs()
-			var recs float64
 			var took, cpu time.Duration
 			for i := range b.N {
-				group := fmt.Sprintf("bench_%s_%d_%d", mode[:1], i, time.Now().UnixNano())
-				out, dlq := group+"_out", group+"_dlq"
-				mq := &mqEnv{ns: e.ns, b: e.b, c: e.c}
-				b.StopTimer()
-				mq.createTopic(b, out, 4)
-				mq.createTopic(b, dlq, 2)
-				dir := filepath.Join(b.TempDir(), "job")
-				b.StartTimer()
-				start, cpu0 := time.Now(), cputime.Process()
-				err := etl.Run(context.Background(), e.c, etl.Config{SingleProcess: true, In: etlIn, Out: out, DLQ: dlq, Group: group, StateDir: dir,
-					CheckpointInterval: time.Second, Bounded: true, AtLeastOnce: mode == "at-least-once"})
-				if err != nil {
-					b.Fatal(err)
-				}
-				took += time.Since(start)
-				cpu += cputime.Process() - cpu0
-				recs += float64(n)
+				t, c := runETLBench(b, e, mode, i)
+				took += t
+				cpu += c
 			}
+			recs := float64(n) * float64(b.N)
 			b.ReportMetric(recs/took.Seconds(), "records/s")
 			b.ReportMetric(float64(cpu.Nanoseconds())/recs, "cpu-ns/record")
 		})
 	}
+}
+
+// BenchmarkETLPaired runs BenchmarkETL's two jobs in turns within each
+// iteration (exactly-once first in even iterations, at-least-once first in
+// odd ones), so that the load of a shared machine, which drifts between
+// consecutive runs, weighs on both alike: x-records/s is exactly-once's
+// records/s over at-least-once's in the same run (the ratio) and
+// x-cpu at-least-once's CPU per record over exactly-once's. Run it with an
+// even -benchtime (2x: one pair in each order).
+func BenchmarkETLPaired(b *testing.B) {
+	n := etlBenchRecords()
+	e := startETLBenchEnv(b, n)
+	var took, cpu [2]time.Duration // [0] exactly-once, [1] at-least-once
+	modes := [2]string{"exactly-once", "at-least-once"}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range 2 {
+			m := (i + k) % 2
+			t, c := runETLBench(b, e, modes[m], i)
+			took[m] += t
+			cpu[m] += c
+		}
+	}
+	recs := float64(n) * float64(b.N)
+	eo, alo := recs/took[0].Seconds(), recs/took[1].Seconds()
+	b.ReportMetric(eo, "eo-records/s")
+	b.ReportMetric(alo, "alo-records/s")
+	b.ReportMetric(float64(cpu[0].Nanoseconds())/recs, "eo-cpu-ns/record")
+	b.ReportMetric(float64(cpu[1].Nanoseconds())/recs, "alo-cpu-ns/record")
+	b.ReportMetric(eo/alo, "x-records/s")
+	b.ReportMetric(cpu[1].Seconds()/cpu[0].Seconds(), "x-cpu")
+}
+
+// etlBenchRecords is the ETL benchmarks' input size.
+func etlBenchRecords() int {
+	if testing.Short() {
+		return 10_000
+	}
+	return 50_000
+}
+
+// runETLBench runs examples/etl's job once over e's input in mode
+// (exactly-once or at-least-once) into new output topics, and returns its
+// wall-clock and process CPU time (the topics' creation excluded).
+func runETLBench(b *testing.B, e *etlEnv, mode string, i int) (took, cpu time.Duration) {
+	b.Helper()
+	group := fmt.Sprintf("bench_%s_%d_%d", mode[:1], i, time.Now().UnixNano())
+	out, dlq := group+"_out", group+"_dlq"
+	mq := &mqEnv{ns: e.ns, b: e.b, c: e.c}
+	b.StopTimer()
+	mq.createTopic(b, out, 4)
+	mq.createTopic(b, dlq, 2)
+	dir := filepath.Join(b.TempDir(), "job")
+	b.StartTimer()
+	start, cpu0 := time.Now(), cputime.Process()
+	err := etl.Run(context.Background(), e.c, etl.Config{SingleProcess: true, In: etlIn, Out: out, DLQ: dlq, Group: group, StateDir: dir,
+		CheckpointInterval: time.Second, Bounded: true, AtLeastOnce: mode == "at-least-once"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start), cputime.Process() - cpu0
 }
 
 func startETLBenchEnv(b *testing.B, n int) *etlEnv {

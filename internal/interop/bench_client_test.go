@@ -359,6 +359,73 @@ func BenchmarkClientPull(b *testing.B) {
 	})
 }
 
+// BenchmarkClientPullPaired drains the same preloaded queue as
+// BenchmarkClientPull with runnel's Client.Pull and the official lite pull
+// consumer taking turns every pairedChunk messages within each run, so
+// that load drifting between consecutive runs on a shared machine cannot
+// skew their ratio (x-msgs/s: runnel's msgs/s ÷ the official client's;
+// x-cpu: the official client's CPU per message ÷ runnel's).
+func BenchmarkClientPullPaired(b *testing.B) {
+	env, topic, _ := preloadPullQueue(b, "BenchClientPullPaired")
+	ctx := context.Background()
+	c := newRunnelClient(b, env)
+	q := protocol.MessageQueue{Topic: topic, BrokerName: broker0, QueueID: 0}
+	pc := newLitePull(b, env, uniqueName("benchPullPO"))
+	mq := &primitive.MessageQueue{Topic: topic, BrokerName: broker0, QueueId: 0}
+	if err := pc.Assign(topic, []*primitive.MessageQueue{mq}); err != nil {
+		b.Fatal(err)
+	}
+	if err := pc.Start(); err != nil {
+		b.Fatal(err)
+	}
+	pulls := [2]func(off int64) int{
+		func(off int64) int {
+			res, err := c.Pull(ctx, client.PullRequest{Queue: q, Offset: off, MaxMsgs: 32, Group: "benchPullPR"})
+			if err != nil || res.Status != client.PullFound {
+				b.Fatalf("Pull @%d: %v %v", off, res, err)
+			}
+			return len(res.Messages)
+		},
+		func(off int64) int {
+			res, err := pc.PullFrom(ctx, mq, off, 32)
+			if err != nil || res.Status != primitive.PullFound {
+				b.Fatalf("PullFrom @%d: %v %v", off, res, err)
+			}
+			return len(res.GetMessageExts())
+		},
+	}
+	defer labelClient()()
+	var offs [2]int64
+	var got [2]int
+	for i := range pulls { // warm the routes and connections
+		pulls[i](0)
+	}
+	var wall, cpu [2]time.Duration
+	b.ResetTimer()
+	for turn := 0; got[0] < b.N || got[1] < b.N; turn++ {
+		for k := range 2 {
+			impl := (turn + k) % 2
+			t, cp := time.Now(), cputime.Process()
+			for end := got[impl] + pairedChunk; got[impl] < end; {
+				n := pulls[impl](offs[impl])
+				got[impl] += n
+				if offs[impl] += int64(n); offs[impl] >= pullPreload {
+					offs[impl] = 0
+				}
+			}
+			wall[impl] += time.Since(t)
+			cpu[impl] += cputime.Process() - cp
+		}
+	}
+	b.StopTimer()
+	for impl, name := range []string{"runnel", "official"} {
+		b.ReportMetric(float64(got[impl])/wall[impl].Seconds(), name+"-msgs/s")
+		b.ReportMetric(float64(cpu[impl])/float64(time.Microsecond)/float64(got[impl]), name+"-cpu-us/msg")
+	}
+	b.ReportMetric((float64(got[0])/wall[0].Seconds())/(float64(got[1])/wall[1].Seconds()), "x-msgs/s")
+	b.ReportMetric((float64(cpu[1])/float64(got[1]))/(float64(cpu[0])/float64(got[0])), "x-cpu")
+}
+
 // pullLoop calls pull from offset 0 on, wrapping around at preload, until
 // b.N messages were read, and reports msgs/s.
 func pullLoop(b *testing.B, preload int64, pull func(off int64) int) {
