@@ -13,6 +13,9 @@ import (
 // with; they carry no data themselves.
 type Stream[T any] struct {
 	n *node
+	// ts holds the timestamp assigner of a source's stream (WithTimestamps,
+	// read by the source tasks at Run); nil for other streams.
+	ts *func(T) time.Time
 }
 
 // UID returns the UID of the operator producing the stream.
