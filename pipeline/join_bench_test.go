@@ -112,8 +112,8 @@ func runJoinBench(b *testing.B, kind string) time.Duration {
 	want := int64(joinBenchRecords)
 	if kind == "keyed-count" {
 		src := pipeline.FromSource(job, "gen", source.NewGenerator(2, joinBenchRecords/2, joinBenchGen)).WithTimestamps(ts)
-		counts := pipeline.Aggregate(pipeline.KeyBy(src, keyOf), "count", state.Aggregator[joinRec, int64, int64](benchCount{}),
-			pipeline.StateCodec(state.VarintCodec()))
+		counts := pipeline.AggregateCodec(pipeline.KeyBy(src, keyOf), "count", state.Aggregator[joinRec, int64, int64](benchCount{}),
+			state.VarintCodec())
 		pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, int64) error { n++; return nil }, nil))
 	} else {
 		first := func(_ int, seq uint64) joinRec { return joinBenchGen(0, seq) }

@@ -111,8 +111,8 @@ func runKeyedAgg(b *testing.B, kind string) (outs int64, cps uint64, d time.Dura
 		vals := pipeline.Map(res, "value", func(_ context.Context, r window.Result[int64, int64]) (int64, error) { return r.Value, nil })
 		pipeline.To(vals, "sink", count)
 	} else {
-		counts := pipeline.Aggregate(keyed, "count", state.Aggregator[aggRec, int64, int64](countAgg{}),
-			pipeline.StateCodec(state.VarintCodec()))
+		counts := pipeline.AggregateCodec(keyed, "count", state.Aggregator[aggRec, int64, int64](countAgg{}),
+			state.VarintCodec())
 		pipeline.To(counts, "sink", count)
 	}
 	start := time.Now()
