@@ -157,23 +157,23 @@ func (t *Telemetry) recordCheckpoint(job string, info runtime.CheckpointInfo) {
 
 // OnJobStart implements runtime.HookJobStart: it registers the job's
 // observable instruments (operator counters, backpressure, split lag),
-// read from the Engine at each collection.
-func (t *Telemetry) OnJobStart(e *runtime.Engine) {
-	job := e.Name()
+// read from the job's view at each collection.
+func (t *Telemetry) OnJobStart(v runtime.JobView) {
+	job := v.Name()
 	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		st := e.Status()
+		st := v.Status()
 		for _, op := range st.Operators {
 			opt := metric.WithAttributes(AttrJob.String(job), AttrOperator.String(op.UID), AttrOperatorKind.String(op.Kind))
 			o.ObserveInt64(t.inst.recordsIn, op.In, opt)
 			o.ObserveInt64(t.inst.recordsOut, op.Out, opt)
 			o.ObserveInt64(t.inst.rejected, op.Errors, opt)
 		}
-		for uid, d := range e.BackpressureAll() {
+		for uid, d := range v.Backpressure() {
 			o.ObserveFloat64(t.inst.backpressure, d.Seconds(), metric.WithAttributes(AttrJob.String(job), AttrOperator.String(uid)))
 		}
-		for _, s := range e.SplitStats() {
-			if lag := s.Lag.Load(); lag >= 0 {
-				o.ObserveInt64(t.inst.lag, lag, metric.WithAttributes(AttrJob.String(job), AttrSource.String(s.Source), AttrSplit.String(s.Split)))
+		for _, s := range v.Splits() {
+			if s.Lag >= 0 {
+				o.ObserveInt64(t.inst.lag, s.Lag, metric.WithAttributes(AttrJob.String(job), AttrSource.String(s.Source), AttrSplit.String(s.Split)))
 			}
 		}
 		return nil
@@ -182,18 +182,18 @@ func (t *Telemetry) OnJobStart(e *runtime.Engine) {
 		return // only for instruments of another meter: cannot happen
 	}
 	t.mu.Lock()
-	t.mu.regs[e] = reg
+	t.mu.regs[v] = reg
 	t.mu.Unlock()
 }
 
 // OnJobEnd implements runtime.HookJobEnd: it unregisters the job's
 // observable instruments and forgets its checkpoint spans.
-func (t *Telemetry) OnJobEnd(e *runtime.Engine, _ error) {
+func (t *Telemetry) OnJobEnd(v runtime.JobView, _ error) {
 	t.mu.Lock()
-	reg, ok := t.mu.regs[e]
-	delete(t.mu.regs, e)
-	j := t.mu.jobs[e.Name()]
-	delete(t.mu.jobs, e.Name())
+	reg, ok := t.mu.regs[v]
+	delete(t.mu.regs, v)
+	j := t.mu.jobs[v.Name()]
+	delete(t.mu.jobs, v.Name())
 	t.mu.Unlock()
 	if ok {
 		_ = reg.Unregister() // only fails for a foreign registration

@@ -104,7 +104,7 @@ type Telemetry struct {
 	mu struct {
 		sync.Mutex
 		jobs map[string]*jobTrace
-		regs map[*runtime.Engine]metric.Registration
+		regs map[runtime.JobView]metric.Registration
 	}
 }
 
@@ -154,7 +154,7 @@ func New(opts ...Option) (*Telemetry, error) {
 		return nil, errors.Join(err, t.Shutdown(context.Background()))
 	}
 	t.mu.jobs = make(map[string]*jobTrace)
-	t.mu.regs = make(map[*runtime.Engine]metric.Registration)
+	t.mu.regs = make(map[runtime.JobView]metric.Registration)
 	return t, nil
 }
 

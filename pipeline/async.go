@@ -170,8 +170,9 @@ func AsyncRetryIf(retryable func(error) bool) OperatorOption {
 // OrderedWait calls fn for every record of s, up to AsyncCapacity at once
 // per subtask, and emits the results in input order. Parallelism (default
 // DefaultParallelism) subtasks are fed as by Rebalance. Options: Parallelism,
-// AsyncCapacity, AsyncTimeout, Retry, AsyncRetryIf, OnError, and
-// StateCodec[T] for the records stored with checkpoints (default JSON).
+// AsyncCapacity, AsyncTimeout, Retry, AsyncRetryIf and OnError. The records
+// in flight are stored with checkpoints in the codec of s (Stream.WithCodec;
+// default JSON).
 // It runs in one process (see ErrSingleProcessOnly).
 func OrderedWait[T, U any](s *Stream[T], uid string, fn AsyncFunc[T, U], opts ...OperatorOption) *Stream[U] {
 	if fn == nil {
@@ -213,21 +214,14 @@ const asyncStateName = "runnel.async.inflight"
 func asyncWait[T, U any](s *Stream[T], uid string, ordered bool, fn AsyncFunc[T, U], ffn AsyncFutureFunc[T, U], opts []OperatorOption) *Stream[U] {
 	j := s.n.job
 	cfg := asyncConfig{capacity: DefaultAsyncCapacity}
-	var oc opConfig
 	for _, o := range opts {
 		if a, ok := o.(asyncOption); ok {
 			a(&cfg)
 		}
-		o.applyOp(&oc)
 	}
-	codec := JSON[T]()
-	if oc.stateCodec != nil {
-		c, ok := oc.stateCodec.(Codec[T])
-		if !ok {
-			j.errorf("async operator %q: StateCodec type %T does not match the input type", uid, oc.stateCodec)
-		} else {
-			codec = c
-		}
+	codec := s.codec
+	if codec == nil {
+		codec = JSON[T]()
 	}
 	if cfg.capacity < 1 {
 		j.errorf("async operator %q: capacity %d < 1", uid, cfg.capacity)

@@ -345,15 +345,16 @@ func TestAsyncEmptyInput(t *testing.T) {
 	}
 }
 
-// TestAsyncInvalidOptions: bad options are graph errors.
+// TestAsyncInvalidOptions: bad options are graph errors (a codec of
+// another record type does not compile; a nil one is a graph error).
 func TestAsyncInvalidOptions(t *testing.T) {
 	job := pipeline.New("async-bad")
 	src := pipeline.FromSource(job, "src", source.NewSlice([]int{1}, 1))
-	out := pipeline.OrderedWait(src, "lookup", func(context.Context, int) (int, error) { return 0, nil },
-		pipeline.AsyncCapacity(0), pipeline.AsyncTimeout(-time.Second), pipeline.StateCodec(pipeline.JSON[string]()))
+	out := pipeline.OrderedWait(src.WithCodec(nil), "lookup", func(context.Context, int) (int, error) { return 0, nil },
+		pipeline.AsyncCapacity(0), pipeline.AsyncTimeout(-time.Second))
 	pipeline.To(out, "out", sink.NewFunc(func(context.Context, int) error { return nil }, nil))
 	err := job.Run(context.Background())
-	for _, s := range []string{"capacity 0", "negative timeout", "StateCodec"} {
+	for _, s := range []string{"capacity 0", "negative timeout", "nil codec"} {
 		if !errors.Is(err, pipeline.ErrInvalidGraph) || !strings.Contains(err.Error(), s) {
 			t.Fatalf("Run = %v, want an invalid graph naming %q", err, s)
 		}

@@ -306,8 +306,8 @@ func TestCoProcessNonKeyed(t *testing.T) {
 					want = append(want, "2:b"+strconv.Itoa(i)+"@"+strconv.Itoa(i))
 				}
 			}
-			a := pipeline.FromSource(job, "as", source.NewSlice(recsA, 2), pipeline.Timestamps(func(r tin) time.Time { return tsec(r.T) }))
-			b := pipeline.FromSource(job, "bs", source.NewSlice(recsB, 1), pipeline.Timestamps(func(r tin) time.Time { return tsec(r.T) }))
+			a := pipeline.FromSource(job, "as", source.NewSlice(recsA, 2)).WithTimestamps(func(r tin) time.Time { return tsec(r.T) })
+			b := pipeline.FromSource(job, "bs", source.NewSlice(recsB, 1)).WithTimestamps(func(r tin) time.Time { return tsec(r.T) })
 			out := pipeline.CoProcess(pipeline.Connect(a, b), "co",
 				func() pipeline.CoProcessFunc[tin, tin, string] { return &nonKeyedFn{} })
 			var g gather[string]

@@ -69,10 +69,10 @@
 // # Event time and watermarks
 //
 // Every record has an event time: the source record's own (for broker
-// messages their born or store time), or the one Timestamps assigns from
-// the decoded record. Each source split generates its own watermark from
-// the event times it sees (Watermarks / BoundedOutOfOrderness,
-// MonotonousTimestamps, CustomWatermarks): a promise that no record at or
+// messages their born or store time), or the one Stream.WithTimestamps
+// assigns from the decoded record. Each source split generates its own
+// watermark from the event times it sees (BoundedOutOfOrderness,
+// CustomWatermarks): a promise that no record at or
 // before it will follow from that split. A keyed subtask's watermark is
 // the minimum over its inputs, and fires its event-time timers (and
 // windows, see package window). So a split that never receives a record —

@@ -120,10 +120,10 @@ func ExampleIntervalJoin() {
 	job := pipeline.New("click-to-order")
 	clicks := pipeline.FromSource(job, "clicks", source.NewSlice([]click{
 		{"ann", "shoes", min(0)}, {"bob", "hats", min(1)}, {"ann", "socks", min(30)},
-	}, 1), pipeline.Timestamps(func(c click) time.Time { return c.At }))
+	}, 1)).WithTimestamps(func(c click) time.Time { return c.At })
 	orders := pipeline.FromSource(job, "orders", source.NewSlice([]shopOrder{
 		{"ann", "shoes", min(4)}, {"bob", "hats", min(20)}, {"ann", "socks", min(33)},
-	}, 1), pipeline.Timestamps(func(o shopOrder) time.Time { return o.At }))
+	}, 1)).WithTimestamps(func(o shopOrder) time.Time { return o.At })
 	c := pipeline.ConnectKeyed(pipeline.KeyBy(clicks, func(c click) string { return c.User }),
 		pipeline.KeyBy(orders, func(o shopOrder) string { return o.User }))
 	joined := pipeline.IntervalJoin(c, "click-order", 0, 10*time.Minute, func(_ context.Context, c click, o shopOrder) (string, error) {

@@ -287,8 +287,8 @@ func TestPipelineStopAndResume(t *testing.T) {
 			}
 			return 1
 		}))
-		sum := pipeline.Reduce(pipeline.KeyBy(src, func(int64) string { return "all" }), "sum",
-			func(_ context.Context, a, b int64) (int64, error) { return a + b, nil }, pipeline.StateCodec(state.Int64Codec()))
+		sum := pipeline.ReduceCodec(pipeline.KeyBy(src, func(int64) string { return "all" }), "sum",
+			func(_ context.Context, a, b int64) (int64, error) { return a + b, nil }, state.Int64Codec())
 		pipeline.To(sum, "out", out.sink())
 		return job
 	}

@@ -106,20 +106,20 @@ func runJoinBench(b *testing.B, kind string) time.Duration {
 	b.Helper()
 	job := pipeline.New("bench-"+kind, pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
 		pipeline.DefaultParallelism(2))
-	ts := pipeline.Timestamps(func(r joinRec) time.Time { return time.Unix(0, r.TS) })
+	ts := func(r joinRec) time.Time { return time.Unix(0, r.TS) }
 	keyOf := func(r joinRec) int64 { return r.Key }
 	var n int64
 	want := int64(joinBenchRecords)
 	if kind == "keyed-count" {
-		src := pipeline.FromSource(job, "gen", source.NewGenerator(2, joinBenchRecords/2, joinBenchGen), ts)
-		counts := pipeline.Aggregate(pipeline.KeyBy(src, keyOf), "count", state.Aggregator[joinRec, int64, int64](benchCount{}),
-			pipeline.StateCodec(state.VarintCodec()))
+		src := pipeline.FromSource(job, "gen", source.NewGenerator(2, joinBenchRecords/2, joinBenchGen)).WithTimestamps(ts)
+		counts := pipeline.AggregateCodec(pipeline.KeyBy(src, keyOf), "count", state.Aggregator[joinRec, int64, int64](benchCount{}),
+			state.VarintCodec())
 		pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, int64) error { n++; return nil }, nil))
 	} else {
 		first := func(_ int, seq uint64) joinRec { return joinBenchGen(0, seq) }
 		second := func(_ int, seq uint64) joinRec { return joinBenchGen(1, seq) }
-		a := pipeline.FromSource(job, "a", source.NewGenerator(1, joinBenchRecords/2, first), ts)
-		c := pipeline.FromSource(job, "b", source.NewGenerator(1, joinBenchRecords/2, second), ts)
+		a := pipeline.FromSource(job, "a", source.NewGenerator(1, joinBenchRecords/2, first)).WithTimestamps(ts)
+		c := pipeline.FromSource(job, "b", source.NewGenerator(1, joinBenchRecords/2, second)).WithTimestamps(ts)
 		conn := pipeline.ConnectKeyed(pipeline.KeyBy(a, keyOf).WithCodec(joinRecCodec{}), pipeline.KeyBy(c, keyOf).WithCodec(joinRecCodec{}))
 		pairs := pipeline.IntervalJoin(conn, "join", 0, 2*time.Millisecond, func(_ context.Context, x, y joinRec) (int64, error) {
 			return y.TS - x.TS, nil

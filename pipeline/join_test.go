@@ -93,9 +93,9 @@ func TestIntervalJoinEmptyInputs(t *testing.T) {
 				return out
 			}
 			job := pipeline.New("interval-empty", pipeline.DefaultParallelism(2))
-			ts := pipeline.Timestamps(func(r tin) time.Time { return tsec(r.T) })
-			a := pipeline.FromSource(job, "as", source.NewSlice(mk("a", c.as), 1), ts)
-			b := pipeline.FromSource(job, "bs", source.NewSlice(mk("b", c.bs), 2), ts)
+			ts := func(r tin) time.Time { return tsec(r.T) }
+			a := pipeline.FromSource(job, "as", source.NewSlice(mk("a", c.as), 1)).WithTimestamps(ts)
+			b := pipeline.FromSource(job, "bs", source.NewSlice(mk("b", c.bs), 2)).WithTimestamps(ts)
 			out := pipeline.IntervalJoin(pipeline.ConnectKeyed(pipeline.KeyBy(a, tkey), pipeline.KeyBy(b, tkey)), "join",
 				-time.Hour, time.Hour, joinPair)
 			var g gather[string]

@@ -441,20 +441,16 @@ func Process[K comparable, T, U any](k *KeyedStream[K, T], uid string, newFn fun
 
 // Reduce keeps, per key, the reduction of the records so far with fn
 // (fn(acc, v)) and emits the new value after each record. The state codec
-// is JSON unless StateCodec[T] is given.
+// is JSON; ReduceCodec takes another.
 func Reduce[K comparable, T any](k *KeyedStream[K, T], uid string, fn func(ctx context.Context, acc, v T) (T, error), opts ...OperatorOption) *Stream[T] {
-	var cfg opConfig
-	for _, o := range opts {
-		o.applyOp(&cfg)
-	}
-	codec := JSON[T]()
-	if cfg.stateCodec != nil {
-		c, ok := cfg.stateCodec.(Codec[T])
-		if !ok {
-			k.s.n.job.errorf("Reduce %q: StateCodec type %T does not match the record type", uid, cfg.stateCodec)
-		} else {
-			codec = c
-		}
+	return ReduceCodec(k, uid, fn, JSON[T](), opts...)
+}
+
+// ReduceCodec is Reduce keeping each key's reduction encoded with codec.
+func ReduceCodec[K comparable, T any](k *KeyedStream[K, T], uid string, fn func(ctx context.Context, acc, v T) (T, error), codec Codec[T], opts ...OperatorOption) *Stream[T] {
+	if codec == nil {
+		k.s.n.job.errorf("ReduceCodec %q: nil codec", uid)
+		codec = JSON[T]()
 	}
 	newFn := func() KeyedProcessFunc[K, T, T] { return &reduceFunc[K, T]{fn: fn, codec: codec} }
 	return keyedOp(k, uid, kindReduce, "value="+codec.ID(), newFn, opts)
@@ -490,21 +486,18 @@ func (r *reduceFunc[K, T]) ProcessElement(ctx *KeyedContext[K, T], v T) error {
 func (r *reduceFunc[K, T]) OnTimer(*KeyedContext[K, T], Timer) error { return nil }
 
 // Aggregate folds the records of each key with agg and emits the result
-// after each record. The accumulator codec is JSON unless StateCodec[ACC] is
-// given.
+// after each record. The accumulator codec is JSON; AggregateCodec takes
+// another.
 func Aggregate[K comparable, T, ACC, OUT any](k *KeyedStream[K, T], uid string, agg state.Aggregator[T, ACC, OUT], opts ...OperatorOption) *Stream[OUT] {
-	var cfg opConfig
-	for _, o := range opts {
-		o.applyOp(&cfg)
-	}
-	codec := JSON[ACC]()
-	if cfg.stateCodec != nil {
-		c, ok := cfg.stateCodec.(Codec[ACC])
-		if !ok {
-			k.s.n.job.errorf("Aggregate %q: StateCodec type %T does not match the accumulator type", uid, cfg.stateCodec)
-		} else {
-			codec = c
-		}
+	return AggregateCodec(k, uid, agg, JSON[ACC](), opts...)
+}
+
+// AggregateCodec is Aggregate keeping each key's accumulator encoded with
+// codec.
+func AggregateCodec[K comparable, T, ACC, OUT any](k *KeyedStream[K, T], uid string, agg state.Aggregator[T, ACC, OUT], codec Codec[ACC], opts ...OperatorOption) *Stream[OUT] {
+	if codec == nil {
+		k.s.n.job.errorf("AggregateCodec %q: nil codec", uid)
+		codec = JSON[ACC]()
 	}
 	newFn := func() KeyedProcessFunc[K, T, OUT] { return &aggregateFunc[K, T, ACC, OUT]{agg: agg, codec: codec} }
 	return keyedOp(k, uid, kindAggregate, "acc="+codec.ID(), newFn, opts)

@@ -13,10 +13,33 @@ import (
 // with; they carry no data themselves.
 type Stream[T any] struct {
 	n *node
+	// ts holds the timestamp assigner of a source's stream (WithTimestamps,
+	// read by the source tasks at Run); nil for other streams.
+	ts *func(T) time.Time
+	// codec encodes the stream's records where operators reading it store
+	// them in checkpoints (WithCodec); nil is JSON.
+	codec Codec[T]
 }
 
 // UID returns the UID of the operator producing the stream.
 func (s *Stream[T]) UID() string { return s.n.uid }
+
+// WithCodec returns the stream with c as the codec of its records where the
+// operators reading it store them in their checkpoints: the requests in
+// flight of the async operators (OrderedWait, UnorderedWait and their
+// Future forms). Default: JSON (reflection-based); c takes the stream's
+// record type, so a mismatch does not compile. Records crossing the
+// network after a KeyBy take KeyedStream.WithCodec's codec; an operator's
+// own state takes the codec its constructor is given (ReduceCodec,
+// AggregateCodec).
+func (s *Stream[T]) WithCodec(c Codec[T]) *Stream[T] {
+	if c == nil {
+		s.n.job.errorf("WithCodec after %q: nil codec", s.n.uid)
+	}
+	s2 := *s
+	s2.codec = c
+	return &s2
+}
 
 // OperatorOption configures one operator.
 type OperatorOption interface{ applyOp(*opConfig) }
@@ -29,7 +52,6 @@ type opConfig struct {
 	policy      *Policy
 	retry       retryPolicy
 	parallelism int
-	stateCodec  any
 }
 
 type retryPolicy struct {
@@ -54,12 +76,6 @@ func Retry(attempts int, initial, max time.Duration) OperatorOption {
 // Parallelism sets the number of subtasks of a keyed operator or of a
 // parallel stage (Rebalance, the async I/O operators, ProcessStream).
 func Parallelism(n int) OperatorOption { return opOptionFunc(func(c *opConfig) { c.parallelism = n }) }
-
-// StateCodec sets the codec of the state a Reduce (Codec[T]) or Aggregate
-// (Codec[ACC]) keeps per key (default JSON).
-func StateCodec[T any](c Codec[T]) OperatorOption {
-	return opOptionFunc(func(o *opConfig) { o.stateCodec = c })
-}
 
 func applyOps(n *node, opts []OperatorOption) opConfig {
 	var c opConfig

@@ -88,7 +88,8 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 		validate = *cfg.validate
 	}
 	validate = validate && validatable[T]()
-	tsOf := checkWatermarkOptions[T](j, uid, &cfg)
+	checkWatermarkOptions(j, uid, &cfg)
+	out := &Stream[T]{n: n, ts: new(func(T) time.Time)}
 	if src == nil {
 		j.errorf("source %q is nil", uid)
 	}
@@ -138,12 +139,12 @@ func fromSource[S, T any](j *Job, uid string, src source.Source[S], decode func(
 			job: j, src: src, split: split, decode: decode, rawOf: rawOf, validate: validate,
 			key: checkpoint.SplitKey(uid, split.ID), restored: r.engine.RestoredOffset(uid, split.ID),
 			b: b, emit: emit, cnt: b.counter(n), reject: b.rejecterFor(n, uid, n.policy),
-			tsOf: tsOf, wm: wm, log: r.engine.Logger(), tr: newSourceTracer(r, uid, split.ID),
+			tsOf: *out.ts, wm: wm, log: r.engine.Logger(), tr: newSourceTracer(r, uid, split.ID),
 		}
 		_, err = r.engine.AddTask(uid+"/"+split.ID, runtime.SourceTask, st.run)
 		return err
 	}
-	return &Stream[T]{n: n}
+	return out
 }
 
 type sourceTask[S, T any] struct {

@@ -52,9 +52,9 @@ func TestStateWriteBufferSpills(t *testing.T) {
 			return int64((seq*7 + uint64(split)*3) % keys)
 		}))
 		pairs := pipeline.Map(src, "pair", func(_ context.Context, k int64) (kc, error) { return kc{K: k, N: 1}, nil })
-		counts := pipeline.Reduce(pipeline.KeyBy(pairs, func(v kc) int64 { return v.K }), "count",
+		counts := pipeline.ReduceCodec(pipeline.KeyBy(pairs, func(v kc) int64 { return v.K }), "count",
 			func(_ context.Context, acc, v kc) (kc, error) { return kc{K: v.K, N: acc.N + v.N}, nil },
-			pipeline.StateCodec(state.JSONCodec[kc]()))
+			state.JSONCodec[kc]())
 		var c collect[kc]
 		pipeline.To(counts, "sink", c.sink())
 		if err := job.Run(context.Background()); err != nil {

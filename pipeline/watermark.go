@@ -65,22 +65,16 @@ type WatermarkGenerator interface {
 type watermarkOptions struct {
 	newGen func() WatermarkGenerator
 	idle   time.Duration
-	tsFn   any // func(T) time.Time, checked against the record type by fromSource
 }
 
 // BoundedOutOfOrderness sets how far out of event-time order records may
 // arrive: up to maxOutOfOrder behind the largest event time seen on their
 // split. Each split's watermark is that largest time minus maxOutOfOrder
-// minus 1 ns. The default is 0 (MonotonousTimestamps: records are in order
-// per split).
+// minus 1 ns. The default is 0: event times never decrease within a split
+// (Flink's monotonous timestamps).
 func BoundedOutOfOrderness(maxOutOfOrder time.Duration) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.outOfOrder = maxOutOfOrder })
 }
-
-// MonotonousTimestamps declares that event times never decrease within a
-// split: the watermark is the largest event time seen minus 1 ns (the
-// default strategy).
-func MonotonousTimestamps() SourceOption { return BoundedOutOfOrderness(0) }
 
 // CustomWatermarks makes each split generate its watermarks with a
 // generator from newGenerator (called once per split, in the split's task).
@@ -98,35 +92,38 @@ func IdleTimeout(d time.Duration) SourceOption {
 	return sourceOptionFunc(func(c *sourceConfig) { c.wmx.idle = d })
 }
 
-// Timestamps assigns each record's event time with fn, applied to the
-// decoded record (T is the stream's record type; a mismatch is a graph
-// error). Without it the event time is the source record's own (for broker
-// messages their born or store time, as the source is configured), or the
-// time it was polled when the source sets none. The watermark strategy sees
-// the assigned times.
-func Timestamps[T any](fn func(T) time.Time) SourceOption {
-	return sourceOptionFunc(func(c *sourceConfig) { c.wmx.tsFn = fn })
+// WithTimestamps assigns the event time of each record of a source's
+// stream (the stream FromSource, FromBytes or FromSourceDecoded returned)
+// with fn, applied to the decoded record; fn takes the stream's record
+// type, so a mismatch does not compile. Without it the event time is the
+// source record's own (for broker messages their born or store time, as
+// the source is configured), or the time it was polled when the source
+// sets none. The source's watermark strategy (BoundedOutOfOrderness,
+// CustomWatermarks) sees the assigned times.
+//
+// It configures the source operator itself, so every use of the stream
+// sees the assigned times, and returns s. On any other stream, or with a
+// nil fn, it is a graph error (Run fails).
+func (s *Stream[T]) WithTimestamps(fn func(T) time.Time) *Stream[T] {
+	switch {
+	case s.ts == nil:
+		s.n.job.errorf("WithTimestamps after %q: not the stream of a source", s.n.uid)
+	case fn == nil:
+		s.n.job.errorf("source %q: nil WithTimestamps function", s.n.uid)
+	default:
+		*s.ts = fn
+	}
+	return s
 }
 
-// checkWatermarkOptions validates the options of source uid and returns
-// the typed timestamp function (nil when none).
-func checkWatermarkOptions[T any](j *Job, uid string, cfg *sourceConfig) func(T) time.Time {
+// checkWatermarkOptions validates the watermark options of source uid.
+func checkWatermarkOptions(j *Job, uid string, cfg *sourceConfig) {
 	if cfg.outOfOrder < 0 {
 		j.errorf("source %q: negative out-of-orderness %v", uid, cfg.outOfOrder)
 	}
 	if cfg.wmx.idle < 0 {
 		j.errorf("source %q: negative idle timeout %v", uid, cfg.wmx.idle)
 	}
-	if cfg.wmx.tsFn == nil {
-		return nil
-	}
-	fn, ok := cfg.wmx.tsFn.(func(T) time.Time)
-	if !ok || fn == nil {
-		var z T
-		j.errorf("source %q: Timestamps function %T does not take the record type %T", uid, cfg.wmx.tsFn, z)
-		return nil
-	}
-	return fn
 }
 
 // splitWatermarks is a source task's watermark state. Not safe for

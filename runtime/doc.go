@@ -31,4 +31,18 @@
 // and stop reading, the other tasks stop after aligning it), commits it and
 // closes. A task error is fatal: the engine cancels every task and returns
 // the error without a final checkpoint.
+//
+// # Who sees what
+//
+// The Engine's exported methods serve the task-graph builder: package
+// pipeline creates the Engine, adds its tasks (AddTask, OnDiscover), gives
+// them their gauges (Operator, Split, Backpressure), their restored state
+// (RestoredOffset, Store, RestoredFrom) and the status page its graph
+// (SetGraph, DescribeOffsets, RecordDeadLetter). They stay exported rather
+// than moving to an internal package: Go has no friend packages, the
+// builder lives in another package, and the engine is this package's
+// substance (a types-only runtime package beside an internal engine would
+// split one concept in two). A user of pipeline never holds an *Engine.
+// Observers get less: hooks receive a JobView (name, status, split gauges,
+// backpressure), and people and scripts the status endpoint.
 package runtime

@@ -118,6 +118,12 @@ type CommitHook interface {
 // Engine runs one job's tasks and coordinates its checkpoints. Create it with
 // New, register tasks with AddTask, then call Run once. Its methods are safe
 // for concurrent use.
+//
+// Its exported methods are the interface of a task-graph builder (package
+// pipeline is the one in this module): registering tasks and their
+// counters, the restored offsets and store, the status graph, savepoints.
+// Code that only observes a job gets a JobView instead (hooks), or the
+// status endpoint; see the package documentation.
 type Engine struct {
 	cfg     Config
 	log     *slog.Logger

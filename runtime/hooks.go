@@ -22,17 +22,44 @@ import (
 type Hook any
 
 // HookJobStart is called by Engine.Run, on Run's goroutine, before any task
-// starts. The Engine stays usable (Status, SplitStats, Backpressure) until
-// HookJobEnd.
+// starts, with the job's read-only view. The view may be kept and read from
+// any goroutine (a metrics collection) until HookJobEnd.
 type HookJobStart interface {
-	OnJobStart(e *Engine)
+	OnJobStart(job JobView)
 }
 
 // HookJobEnd is called by Engine.Run, on Run's goroutine, after every task
-// returned, with Run's error (nil for a clean end).
+// returned, with the job's view (equal to the one HookJobStart got) and
+// Run's error (nil for a clean end).
 type HookJobEnd interface {
-	OnJobEnd(e *Engine, err error)
+	OnJobEnd(job JobView, err error)
 }
+
+// JobView is the read-only view of a running job that hooks receive: its
+// name, status, split gauges and backpressure, the figures the status
+// endpoint and package otel report. It carries no way to change the job
+// (no task registration, no savepoints). The views of one job compare
+// equal, so a hook can key per-job state by its view. The zero JobView is
+// invalid. Its methods are safe for concurrent use; after the job ended
+// they return its last figures.
+type JobView struct{ e *Engine }
+
+// Name returns the job's name.
+func (v JobView) Name() string { return v.e.cfg.Name }
+
+// Status returns a snapshot of the job's status (the Status of the status
+// endpoint: operators' counters and watermarks, committed offsets, recent
+// checkpoints).
+func (v JobView) Status() Status { return v.e.Status() }
+
+// Splits returns a snapshot of the source splits' gauges (lag, watermark,
+// idleness), sorted by source and split. A Lag of -1 is unknown.
+func (v JobView) Splits() []SplitLag { return v.e.splitLags() }
+
+// Backpressure returns a snapshot of the time each operator's tasks spent
+// blocked sending records downstream (full input queues of the next task),
+// by operator UID.
+func (v JobView) Backpressure() map[string]time.Duration { return v.e.backpressureAll() }
 
 // CheckpointKind says why a checkpoint was taken.
 type CheckpointKind uint8
@@ -164,8 +191,8 @@ type HookMetricsHandler interface {
 	MetricsHandler() http.Handler
 }
 
-// SplitStats are one source split's gauges, updated by its task and read
-// by hooks (see Engine.SplitStats).
+// SplitStats are one source split's gauges, updated by its task (see
+// Engine.Split) and read by the status endpoint and hooks (JobView.Splits).
 type SplitStats struct {
 	Source, Split string
 	// Lag is the number of records the split is behind the end of its
@@ -253,7 +280,7 @@ func (e *Engine) MetricsAddr() string {
 // returns the functions that stop the server and that run the end hooks.
 func (e *Engine) startHooks(wg *sync.WaitGroup) (stopServer func(), end func(err error)) {
 	for _, h := range e.obs.start {
-		h.OnJobStart(e)
+		h.OnJobStart(JobView{e})
 	}
 	var srv *http.Server
 	if e.obs.ln != nil {
@@ -274,7 +301,7 @@ func (e *Engine) startHooks(wg *sync.WaitGroup) (stopServer func(), end func(err
 	}
 	return stopServer, func(err error) {
 		for _, h := range e.obs.end {
-			h.OnJobEnd(e, err)
+			h.OnJobEnd(JobView{e}, err)
 		}
 	}
 }
@@ -320,9 +347,6 @@ func (e *Engine) checkpointEnd(cp *inflight, err error) {
 	}
 }
 
-// Name returns the job's name.
-func (e *Engine) Name() string { return e.cfg.Name }
-
 // Split registers (or returns the registered) stats of a source split. Its
 // Lag starts unknown (-1), its Watermark at NoWatermark.
 func (e *Engine) Split(source, split string) *SplitStats {
@@ -340,9 +364,9 @@ func (e *Engine) Split(source, split string) *SplitStats {
 	return s
 }
 
-// SplitStats returns the registered splits' stats, sorted by source and
+// splitStats returns the registered splits' stats, sorted by source and
 // split. The pointers stay valid (and updated) while the job runs.
-func (e *Engine) SplitStats() []*SplitStats {
+func (e *Engine) splitStats() []*SplitStats {
 	e.obs.mu.Lock()
 	out := append([]*SplitStats(nil), e.obs.mu.splits...)
 	e.obs.mu.Unlock()
@@ -372,9 +396,21 @@ func (e *Engine) Backpressure(uid string) *atomic.Int64 {
 	return c
 }
 
-// BackpressureAll returns a snapshot of every operator's backpressure time
+// splitLags returns a snapshot of the splits' gauges, sorted by source and
+// split.
+func (e *Engine) splitLags() []SplitLag {
+	stats := e.splitStats()
+	out := make([]SplitLag, 0, len(stats))
+	for _, s := range stats {
+		out = append(out, SplitLag{Source: s.Source, Split: s.Split, Lag: s.Lag.Load(),
+			Watermark: wmTime(s.Watermark.Load()), Idle: s.Idle.Load()})
+	}
+	return out
+}
+
+// backpressureAll returns a snapshot of every operator's backpressure time
 // (see Backpressure), by operator UID.
-func (e *Engine) BackpressureAll() map[string]time.Duration {
+func (e *Engine) backpressureAll() map[string]time.Duration {
 	e.obs.mu.Lock()
 	defer e.obs.mu.Unlock()
 	out := make(map[string]time.Duration, len(e.obs.mu.blocked))

@@ -121,7 +121,7 @@ type SplitStatus struct {
 
 // Status returns a snapshot of the job's status.
 func (e *Engine) Status() Status {
-	splits, graph := e.SplitStats(), e.graph()
+	splits, graph := e.splitStats(), e.graph()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := Status{Job: e.cfg.Name, State: e.mu.state}

@@ -160,13 +160,9 @@ func (e *Engine) RecordDeadLetter(d DeadLetterStatus) {
 	p.mu.deadAt = (p.mu.deadAt + 1) % StatusDeadLetters
 }
 
-// StatusDocument returns the document GET /status serves.
-func (e *Engine) StatusDocument() StatusDocument {
-	doc := StatusDocument{Status: e.Status(), Lag: []SplitLag{}, SampleInterval: StatusSampleInterval.Milliseconds()}
-	for _, s := range e.SplitStats() {
-		doc.Lag = append(doc.Lag, SplitLag{Source: s.Source, Split: s.Split, Lag: s.Lag.Load(),
-			Watermark: wmTime(s.Watermark.Load()), Idle: s.Idle.Load()})
-	}
+// statusDocument returns the document GET /status serves.
+func (e *Engine) statusDocument() StatusDocument {
+	doc := StatusDocument{Status: e.Status(), Lag: e.splitLags(), SampleInterval: StatusSampleInterval.Milliseconds()}
 	p := &e.page
 	p.mu.Lock()
 	doc.Graph = p.mu.graph
@@ -179,8 +175,8 @@ func (e *Engine) StatusDocument() StatusDocument {
 	return doc
 }
 
-// History returns the sampled history, oldest first.
-func (e *Engine) History() StatusHistory {
+// statusHistory returns the sampled history, oldest first.
+func (e *Engine) statusHistory() StatusHistory {
 	p := &e.page
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -195,7 +191,7 @@ func (e *Engine) History() StatusHistory {
 // sample takes one sample of lag and counters into the ring.
 func (e *Engine) sample(now time.Time) {
 	s := StatusSample{Time: now.UnixMilli(), Lag: map[string]int64{}, In: map[string]int64{}, Out: map[string]int64{}}
-	for _, sp := range e.SplitStats() {
+	for _, sp := range e.splitStats() {
 		if l := sp.Lag.Load(); l >= 0 {
 			s.Lag[sp.Source+"/"+sp.Split] = l
 		}
@@ -251,14 +247,14 @@ func (e *Engine) registerStatusRoutes(mux *http.ServeMux) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(v) // a failed write means the client went away
 	}
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.StatusDocument()) })
-	mux.HandleFunc("GET /status/history", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.History()) })
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.statusDocument()) })
+	mux.HandleFunc("GET /status/history", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.statusHistory()) })
 	mux.Handle("GET /ui/", pageHandler)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.Header.Get("Accept"), "text/html") {
 			http.Redirect(w, r, "/ui/", http.StatusFound)
 			return
 		}
-		writeJSON(w, e.StatusDocument())
+		writeJSON(w, e.statusDocument())
 	})
 }

@@ -134,7 +134,7 @@ func TestStatusHistoryRing(t *testing.T) {
 		o.In.Store(int64(i))
 		e.sample(start.Add(time.Duration(i) * time.Second))
 	}
-	h := e.History()
+	h := e.statusHistory()
 	if len(h.Samples) != StatusSamples || h.Samples[0].In["op"] != 7 || h.Samples[StatusSamples-1].In["op"] != StatusSamples+6 {
 		t.Fatalf("ring: %d samples, first %v, last %v", len(h.Samples), h.Samples[0].In, h.Samples[len(h.Samples)-1].In)
 	}

@@ -82,11 +82,12 @@ func TestStatusPageWatermarksInChromium(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts := []pipeline.SourceOption{pipeline.Timestamps(func(e pageEvent) time.Time { return e.TS })}
+		var opts []pipeline.SourceOption
 		if s.idle > 0 {
 			opts = append(opts, pipeline.IdleTimeout(s.idle))
 		}
-		in := pipeline.FromBytes(job, s.topic, src.Bytes(), pipeline.JSON[pageEvent](), opts...)
+		in := pipeline.FromBytes(job, s.topic, src.Bytes(), pipeline.JSON[pageEvent](), opts...).
+			WithTimestamps(func(e pageEvent) time.Time { return e.TS })
 		counts := window.Apply(pipeline.KeyBy(in, func(e pageEvent) string { return e.Key }), s.op,
 			window.Tumbling(10*time.Second), window.Count[pageEvent]())
 		pipeline.To(counts, s.op+"-out", discard)

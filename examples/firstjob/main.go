@@ -68,12 +68,12 @@ func run(ctx context.Context, topic string, opts []client.Option, state, status 
 		pipeline.StatusAddress(status, func(addr string) { fmt.Fprintf(os.Stderr, "status page: http://%s/ui/\n", addr) }))
 
 	clicks := pipeline.FromBytes(job, "clicks", src.Bytes(), pipeline.JSON[Click](),
-		pipeline.Timestamps(func(c Click) time.Time { return c.TS }), // event time: the click's own
-		pipeline.BoundedOutOfOrderness(2*time.Second),                // clicks arrive up to 2 s out of order
-		pipeline.IdleTimeout(5*time.Second),                          // a quiet queue must not hold windows back
+		pipeline.BoundedOutOfOrderness(2*time.Second), // clicks arrive up to 2 s out of order
+		pipeline.IdleTimeout(5*time.Second),           // a quiet queue must not hold windows back
 		pipeline.OnBadRecord(pipeline.DeadLetter("bad-clicks", lines(os.Stderr, func(d sink.DeadLetter) string {
 			return fmt.Sprintf("bad click in %s: %s: %s", d.Split, d.Reason, d.Raw)
-		}))))
+		})))).
+		WithTimestamps(func(c Click) time.Time { return c.TS }) // event time: the click's own
 
 	late := pipeline.NewOutputTag[Click]("late")
 	counts := window.Apply(pipeline.KeyBy(clicks, func(c Click) string { return c.User }), "clicks-per-user",

@@ -210,13 +210,13 @@ func asyncCrashChild(mode string) int {
 			return 0, fmt.Errorf("bad id %d", v)
 		}
 		return v, nil
-	})
+	}).WithCodec(state.Int64Codec()) // the codec of the async operator's requests in flight
 	lookup := func(ctx context.Context, v int64) (enriched, error) {
 		x, err := client.get(ctx, v)
 		return enriched{ID: v, Val: x}, err
 	}
 	aopts := []pipeline.OperatorOption{pipeline.AsyncCapacity(16), pipeline.AsyncTimeout(5 * time.Second),
-		pipeline.Retry(10, 10*time.Millisecond, 500*time.Millisecond), pipeline.StateCodec[int64](state.Int64Codec())}
+		pipeline.Retry(10, 10*time.Millisecond, 500*time.Millisecond)}
 	var out *pipeline.Stream[enriched]
 	if mode == "ordered" {
 		out = pipeline.OrderedWait(spread, "enrich", lookup, aopts...)

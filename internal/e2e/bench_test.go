@@ -80,8 +80,8 @@ func BenchmarkKeyedCount(b *testing.B) {
 	benchRun(b, "bench-count", func(job *pipeline.Job, seen *int64) {
 		src := pipeline.FromSource(job, "gen", source.NewGenerator(benchSplits, benchRecords/benchSplits,
 			func(split int, seq uint64) int64 { return int64((seq*2 + uint64(split)) % 100_000) }))
-		counts := pipeline.Reduce(pipeline.KeyBy(src, func(k int64) int64 { return k }), "count",
-			func(_ context.Context, a, _ int64) (int64, error) { return a + 1, nil }, pipeline.StateCodec(state.Int64Codec()))
+		counts := pipeline.ReduceCodec(pipeline.KeyBy(src, func(k int64) int64 { return k }), "count",
+			func(_ context.Context, a, _ int64) (int64, error) { return a + 1, nil }, state.Int64Codec())
 		pipeline.To(counts, "sink", sink.NewFunc(func(context.Context, int64) error { *seen++; return nil }, nil))
 	})
 }

@@ -122,14 +122,14 @@ func twoInputJob(job *pipeline.Job, kind string, throttle bool) *pipeline.Stream
 			return gen(split, seq)
 		}
 	}
-	ts := pipeline.Timestamps(func(r sideRec) time.Time { return time.Unix(0, r.TS) })
+	ts := func(r sideRec) time.Time { return time.Unix(0, r.TS) }
 	var pairs *pipeline.Stream[pairOut]
 	switch kind {
 	case "broadcast":
 		return broadcastJob(job, throttle)
 	case "interval", "window":
-		a := pipeline.FromSource(job, "a", source.NewGenerator(twoSplitsA, twoPerSplitA, slow(genA)), ts)
-		b := pipeline.FromSource(job, "b", source.NewGenerator(1, twoPerSplitB, slow(genB)), ts)
+		a := pipeline.FromSource(job, "a", source.NewGenerator(twoSplitsA, twoPerSplitA, slow(genA))).WithTimestamps(ts)
+		b := pipeline.FromSource(job, "b", source.NewGenerator(1, twoPerSplitB, slow(genB))).WithTimestamps(ts)
 		keyOf := func(r sideRec) int64 { return r.Key }
 		c := pipeline.ConnectKeyed(pipeline.KeyBy(a, keyOf), pipeline.KeyBy(b, keyOf))
 		if kind == "interval" {

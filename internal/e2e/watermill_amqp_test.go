@@ -120,7 +120,7 @@ func wmChild() int {
 		return fail(err)
 	}
 	job := pipeline.New("wm-amqp", pipeline.CheckpointDir(filepath.Join(dir, "job")), pipeline.CheckpointInterval(20*time.Millisecond))
-	msgs := pipeline.FromSource(job, "in", wmsource.New(in, os.Getenv(envWMIn), wmsource.Subscriptions(wmSubscriptions)))
+	msgs := pipeline.FromSource(job, "in", wmsource.New(in, os.Getenv(envWMIn), wmsource.WithSubscriptions(wmSubscriptions)))
 	h := func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage(m.UUID, append([]byte("done:"), m.Payload...))}, nil
 	}

@@ -101,8 +101,8 @@ func runKeyedAgg(b *testing.B, kind string) (outs int64, cps uint64, d time.Dura
 	b.Helper()
 	job := pipeline.New("bench-agg-"+kind, pipeline.CheckpointDir(b.TempDir()), pipeline.CheckpointInterval(time.Second),
 		pipeline.DefaultParallelism(2))
-	src := pipeline.FromSource(job, "gen", aggSource(),
-		pipeline.Timestamps(func(r aggRec) time.Time { return time.Unix(0, r.TS) }))
+	src := pipeline.FromSource(job, "gen", aggSource()).
+		WithTimestamps(func(r aggRec) time.Time { return time.Unix(0, r.TS) })
 	keyed := pipeline.KeyBy(src, func(r aggRec) int64 { return r.Key })
 	var n, sum int64
 	count := sink.NewFunc(func(_ context.Context, v int64) error { n++; sum += v; return nil }, nil)
@@ -111,8 +111,8 @@ func runKeyedAgg(b *testing.B, kind string) (outs int64, cps uint64, d time.Dura
 		vals := pipeline.Map(res, "value", func(_ context.Context, r window.Result[int64, int64]) (int64, error) { return r.Value, nil })
 		pipeline.To(vals, "sink", count)
 	} else {
-		counts := pipeline.Aggregate(keyed, "count", state.Aggregator[aggRec, int64, int64](countAgg{}),
-			pipeline.StateCodec(state.VarintCodec()))
+		counts := pipeline.AggregateCodec(keyed, "count", state.Aggregator[aggRec, int64, int64](countAgg{}),
+			state.VarintCodec())
 		pipeline.To(counts, "sink", count)
 	}
 	start := time.Now()

@@ -21,7 +21,7 @@
 // records of a key in one window that only the trigger fires.
 //
 // Event-time assigners use the record's event time (the source's timestamp
-// assignment, see pipeline.Timestamps) and fire on the watermark;
+// assignment, see pipeline.Stream.WithTimestamps) and fire on the watermark;
 // ProcessingTime() variants use the job's clock when the record arrives and
 // fire on it.
 //

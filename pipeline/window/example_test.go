@@ -14,7 +14,7 @@ import (
 )
 
 // Example counts clicks per user in 10-second tumbling windows of event
-// time (the click's own time, pipeline.Timestamps): a window fires when
+// time (the click's own time, WithTimestamps): a window fires when
 // the watermark passes its end, and the end of the bounded input fires the
 // windows still open. A click arriving after its window fired and expired
 // would be late and go to the LateRecords side output (here printed).
@@ -27,8 +27,8 @@ func Example() {
 	in := []click{{"ann", 1}, {"bob", 2}, {"ann", 4}, {"ann", 12}, {"bob", 15}, {"bob", 21}}
 
 	job := pipeline.New("clicks")
-	clicks := pipeline.FromSource(job, "clicks", source.NewSlice(in, 1),
-		pipeline.Timestamps(func(c click) time.Time { return t0.Add(time.Duration(c.At) * time.Second) }))
+	clicks := pipeline.FromSource(job, "clicks", source.NewSlice(in, 1)).
+		WithTimestamps(func(c click) time.Time { return t0.Add(time.Duration(c.At) * time.Second) })
 	late := pipeline.NewOutputTag[click]("late")
 	counts := window.Apply(pipeline.KeyBy(clicks, func(c click) string { return c.User }), "clicks-per-user",
 		window.Tumbling(10*time.Second), window.Count[click](), window.LateRecords(late))
@@ -73,10 +73,10 @@ func ExampleJoin() {
 	}
 	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	ts := pipeline.Timestamps(func(r reading) time.Time { return r.At })
+	ts := func(r reading) time.Time { return r.At }
 	job := pipeline.New("temperature-humidity")
-	temps := pipeline.FromSource(job, "temps", source.NewSlice([]reading{{"s1", at(5), 21.5}, {"s1", at(70), 22}, {"s2", at(10), 19}}, 1), ts)
-	hums := pipeline.FromSource(job, "hums", source.NewSlice([]reading{{"s1", at(30), 40}, {"s2", at(65), 55}}, 1), ts)
+	temps := pipeline.FromSource(job, "temps", source.NewSlice([]reading{{"s1", at(5), 21.5}, {"s1", at(70), 22}, {"s2", at(10), 19}}, 1)).WithTimestamps(ts)
+	hums := pipeline.FromSource(job, "hums", source.NewSlice([]reading{{"s1", at(30), 40}, {"s2", at(65), 55}}, 1)).WithTimestamps(ts)
 	bySensor := func(r reading) string { return r.Sensor }
 	c := pipeline.ConnectKeyed(pipeline.KeyBy(temps, bySensor), pipeline.KeyBy(hums, bySensor))
 	res := window.Join(c, "join", window.Tumbling(time.Minute), func(t, h reading) (string, error) {

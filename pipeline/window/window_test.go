@@ -487,15 +487,15 @@ func TestWatermarkRestored(t *testing.T) {
 	}
 }
 
-// TestEventTimeFromRecord: pipeline.Timestamps assigns event times from
+// TestEventTimeFromRecord: WithTimestamps assigns event times from
 // the decoded record (the source's own times are ignored), and a custom
 // watermark generator drives the windows.
 func TestEventTimeFromRecord(t *testing.T) {
 	in := []ev{{"a", 1, 0}, {"a", 2, 0}, {"a", 11, 0}, {"a", 3, 0}}
 	job := newJob(t, "assigned")
 	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{in}},
-		pipeline.Timestamps(func(e ev) time.Time { return at(e).Add(time.Hour) }),
-		pipeline.CustomWatermarks(func() pipeline.WatermarkGenerator { return &punctuated{} }))
+		pipeline.CustomWatermarks(func() pipeline.WatermarkGenerator { return &punctuated{} })).
+		WithTimestamps(func(e ev) time.Time { return at(e).Add(time.Hour) })
 	res := window.Apply(pipeline.KeyBy(src, key), "w", window.Tumbling(10*time.Second), window.Count[ev](), window.AllowedLateness(time.Minute))
 	var out collect[window.Result[string, int64]]
 	pipeline.To(res, "out", out.sink())
@@ -517,12 +517,16 @@ func (p *punctuated) OnEvent(t time.Time) { p.last, p.ok = t, true }
 
 func (p *punctuated) Watermark() (time.Time, bool) { return p.last.Add(-time.Nanosecond), p.ok }
 
-func TestBadTimestampsOption(t *testing.T) {
+// TestBadTimestamps: WithTimestamps takes the stream's record type (a
+// mismatch does not compile); on a stream that is not a source's it is a
+// graph error.
+func TestBadTimestamps(t *testing.T) {
 	job := newJob(t, "bad-ts")
-	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{{{"a", 0, 1}}}},
-		pipeline.Timestamps(func(string) time.Time { return time.Time{} }))
+	src := pipeline.FromSource(job, "src", &scripted{splits: [][]ev{{{"a", 0, 1}}}})
+	mapped := pipeline.Map(src, "id", func(_ context.Context, e ev) (ev, error) { return e, nil }).
+		WithTimestamps(func(e ev) time.Time { return at(e) })
 	var out collect[ev]
-	pipeline.To(src, "out", out.sink())
+	pipeline.To(mapped, "out", out.sink())
 	if err := job.Run(context.Background()); !errors.Is(err, pipeline.ErrInvalidGraph) {
 		t.Fatalf("err = %v, want ErrInvalidGraph", err)
 	}

@@ -59,10 +59,17 @@ func WithCommitLanes(n int) TxOption { return txOptionFunc(func(c *txConfig) { c
 // (default DefaultTxMaxInFlight); Write blocks beyond it.
 func WithTxMaxInFlight(n int) TxOption { return txOptionFunc(func(c *txConfig) { c.maxInFlight = n }) }
 
+// Backoff is the exponential backoff between tries of WithTxRetry: Initial
+// (default 10 ms) doubling (Multiplier) up to Max (default 1 s), with 20 %
+// Jitter (negative: none). The zero value is the default. It is an alias of
+// the library's internal policy type, so that code outside this module can
+// build one.
+type Backoff = backoff.Policy
+
 // WithTxRetry sets how many times each half send and END_TRANSACTION is
 // tried (default DefaultTxAttempts) and the backoff between tries (zero
-// Policy: 10 ms doubling to 1 s).
-func WithTxRetry(attempts int, p backoff.Policy) TxOption {
+// Backoff: 10 ms doubling to 1 s).
+func WithTxRetry(attempts int, p Backoff) TxOption {
 	return txOptionFunc(func(c *txConfig) { c.attempts, c.retry = attempts, p })
 }
 

@@ -45,7 +45,7 @@ func TestConformance(t *testing.T) {
 			New: func(context.Context) (sink.Sink[string], error) {
 				return wmsink.NewEncoded(gc, "out", func(k string) (*message.Message, error) {
 					return message.NewMessage(k, []byte(k)), nil
-				}, wmsink.BatchSize(3)), nil
+				}, wmsink.WithBatchSize(3)), nil
 			},
 			Record: func(k string) string { return k },
 			Visible: func(context.Context) ([]string, error) {

@@ -22,7 +22,7 @@
 //
 // # Ownership
 //
-// A Sink uses but does not own its Publisher unless ClosePublisher is set.
+// A Sink uses but does not own its Publisher unless WithClosePublisher is set.
 // The runtime calls every method from one goroutine.
 package wmsink
 
@@ -46,7 +46,11 @@ var (
 const DefaultBatchSize = 256
 
 // Option configures a Sink.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	batch    int
@@ -54,17 +58,17 @@ type config struct {
 	closePub bool
 }
 
-// BatchSize sets how many messages Write buffers before publishing them
+// WithBatchSize sets how many messages Write buffers before publishing them
 // (DefaultBatchSize; 1 publishes in every Write).
-func BatchSize(n int) Option { return func(c *config) { c.batch = max(n, 1) } }
+func WithBatchSize(n int) Option { return optionFunc(func(c *config) { c.batch = max(n, 1) }) }
 
-// TopicFunc picks each message's topic (the sink's topic when it returns "").
-func TopicFunc(fn func(*message.Message) string) Option {
-	return func(c *config) { c.topicOf = fn }
+// WithTopicFunc picks each message's topic (the sink's topic when it returns "").
+func WithTopicFunc(fn func(*message.Message) string) Option {
+	return optionFunc(func(c *config) { c.topicOf = fn })
 }
 
-// ClosePublisher makes Close close the publisher.
-func ClosePublisher() Option { return func(c *config) { c.closePub = true } }
+// WithClosePublisher makes Close close the publisher (the sink owns it).
+func WithClosePublisher() Option { return optionFunc(func(c *config) { c.closePub = true }) }
 
 // Sink publishes records as watermill messages.
 type Sink[T any] struct {
@@ -91,7 +95,7 @@ func New(pub message.Publisher, topic string, opts ...Option) *Sink[*message.Mes
 func NewEncoded[T any](pub message.Publisher, topic string, marshal func(T) (*message.Message, error), opts ...Option) *Sink[T] {
 	cfg := config{batch: DefaultBatchSize}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	return &Sink[T]{pub: pub, topic: topic, marshal: marshal, cfg: cfg}
 }
@@ -175,8 +179,8 @@ func (s *Sink[T]) publish(ctx context.Context) error {
 func (s *Sink[T]) Buffered() int { return len(s.buf) }
 
 // Close implements sink.Sink. Unpublished messages are dropped (as a crash
-// would drop them; the job replays them from its checkpoint). With
-// ClosePublisher it closes the publisher. It is idempotent.
+// would drop them; the job replays them from its checkpoint). It closes the
+// publisher when WithClosePublisher was given. It is idempotent.
 func (s *Sink[T]) Close() error {
 	if s.closed {
 		return s.pubErr

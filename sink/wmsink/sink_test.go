@@ -63,7 +63,7 @@ func TestBatchesAndFlush(t *testing.T) {
 	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
 	defer gc.Close()
 	pub := &counting{Publisher: gc}
-	s := wmsink.New(pub, "out", wmsink.BatchSize(3))
+	s := wmsink.New(pub, "out", wmsink.WithBatchSize(3))
 	ctx := context.Background()
 	write := func(id string) {
 		t.Helper()
@@ -112,7 +112,7 @@ func TestPublishErrorFailsFlush(t *testing.T) {
 	if err := gc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s := wmsink.New(gc, "out", wmsink.ClosePublisher())
+	s := wmsink.New(gc, "out", wmsink.WithClosePublisher())
 	ctx := context.Background()
 	for i := range 3 {
 		if err := s.Write(ctx, message.NewMessage(strconv.Itoa(i), nil)); err != nil {
@@ -149,7 +149,7 @@ func TestTopicFuncAndEncoded(t *testing.T) {
 			m.Metadata.Set("topic", "odd")
 		}
 		return m, nil
-	}, wmsink.TopicFunc(func(m *message.Message) string { return m.Metadata.Get("topic") }))
+	}, wmsink.WithTopicFunc(func(m *message.Message) string { return m.Metadata.Get("topic") }))
 	ctx := context.Background()
 	for _, n := range []int{0, 2, 1, 3, 4} {
 		if err := s.Write(ctx, n); err != nil {
@@ -191,7 +191,7 @@ func TestInJob(t *testing.T) {
 	nums := pipeline.FromSource(job, "nums", source.NewSlice(vals, 3))
 	pipeline.To(nums, "out", wmsink.NewEncoded(gc, "out", func(n int) (*message.Message, error) {
 		return message.NewMessage(fmt.Sprintf("%04d", n), nil), nil
-	}, wmsink.BatchSize(16)))
+	}, wmsink.WithBatchSize(16)))
 	if err := job.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestInJob(t *testing.T) {
 func BenchmarkWriteFlush(b *testing.B) {
 	gc := gochannel.NewGoChannel(gochannel.Config{}, nil) // no subscribers: measures the sink
 	defer gc.Close()
-	s := wmsink.New(gc, "out", wmsink.BatchSize(64))
+	s := wmsink.New(gc, "out", wmsink.WithBatchSize(64))
 	ctx := context.Background()
 	msg := message.NewMessage("u", []byte("payload"))
 	b.ReportAllocs()

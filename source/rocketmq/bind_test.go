@@ -110,7 +110,7 @@ func TestSourceDialInstanceName(t *testing.T) {
 	copts := []client.Option{client.WithNameServers(cl.ns), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))}
 	dial := func(info jobinfo.Info, extra ...client.Option) *Source {
 		t.Helper()
-		s, err := Dial(topic, append(copts, extra...), WithQueueLocks(true), WithLockWait(500*time.Millisecond))
+		s, err := Dial(topic, append(copts, extra...), WithQueueLocking(true), WithLockWait(500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +190,7 @@ func TestSourceTwoLockedTopicsOneGroup(t *testing.T) {
 	job := pipeline.New("two-topics", pipeline.CheckpointDir(t.TempDir()))
 	var streams []*pipeline.Stream[Message]
 	for _, topic := range []string{"left", "right"} {
-		src, err := New(cl.c, topic, WithQueueLocks(true), WithStop(StopAtLatest()), WithLockWait(10*time.Second))
+		src, err := New(cl.c, topic, WithQueueLocking(true), WithStop(StopAtLatest()), WithLockWait(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -92,7 +92,7 @@ func TestSourceConformance(t *testing.T) {
 		sourcetest.Run(t, sourcetest.Features{}, h.factory)
 	})
 	t.Run("QueueLocks", func(t *testing.T) {
-		h := &mqHarness{cl: cl, name: "queuelocks", opts: []Option{WithQueueLocks(true)}}
+		h := &mqHarness{cl: cl, name: "queuelocks", opts: []Option{WithQueueLocking(true)}}
 		sourcetest.Run(t, sourcetest.Features{}, h.factory)
 	})
 	t.Run("Bytes", func(t *testing.T) {

@@ -85,7 +85,7 @@
 //
 // # Queue locks
 //
-// With WithQueueLocks one process owns the job's queues: Splits (and Open)
+// With WithQueueLocking one process owns the job's queues: Splits (and Open)
 // take the broker lock (LOCK_BATCH_MQ) of every queue of the topic under the
 // source's group before reading, a client.GroupConsumer renews them, and a
 // split whose lock is lost fails its next Poll with ErrQueueLockLost, so the
@@ -98,7 +98,7 @@
 // restarted job re-acquires its queues immediately:
 //
 //	src, err := rocketmq.Dial("orders", []client.Option{client.WithNameServers(ns)},
-//		rocketmq.WithQueueLocks(true))
+//		rocketmq.WithQueueLocking(true))
 //	defer src.Close() // after Run: releases the locks and closes the client
 //
 // A source made by New shares the user's Client, whose name was fixed when

@@ -16,7 +16,7 @@ import (
 	"github.com/runnel-dev/runnel/transport/protocol"
 )
 
-// Queue locks (WithQueueLocks). One job process owns the queues it reads:
+// Queue locks (WithQueueLocking). One job process owns the queues it reads:
 // before reading, the source takes the broker lock (LOCK_BATCH_MQ) of every
 // queue of the topic under its consumer group, through a locking
 // client.GroupConsumer whose allocator gives this member every queue. The
@@ -93,9 +93,7 @@ func (s *Source) locker(ctx context.Context) (*queueLocks, error) {
 		client.WithQueueLocking(true),
 		client.WithAllocator(every),
 		client.WithListener(client.ListenerFuncs{Assign: ql.assign, Revoke: ql.revoke, LockLost: ql.lockLost}),
-	}
-	if s.cfg.lockRenew > 0 {
-		opts = append(opts, client.WithLockRenewInterval(s.cfg.lockRenew), client.WithLockValidity(s.cfg.lockValidity))
+		client.WithLockRenewInterval(s.cfg.lockRenew), client.WithLockValidity(s.cfg.lockValidity),
 	}
 	g, err := client.NewGroupConsumer(s.c, s.cfg.group, opts...)
 	if err != nil {
@@ -234,7 +232,7 @@ func (s *Source) lockQueues(ctx context.Context, splits ...source.Split) error {
 	return ql.await(ctx, qs)
 }
 
-// Close releases the source's broker queue locks (WithQueueLocks), if it
+// Close releases the source's broker queue locks (WithQueueLocking), if it
 // took any, and closes the client of a Dial source: call it after the job
 // ended (and, for a New source, before closing the Client). It is
 // idempotent; a New source without queue locks has nothing to release.

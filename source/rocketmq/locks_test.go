@@ -47,7 +47,7 @@ func TestQueueLocksFence(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	a, err := New(lockClient(t, cl, "A"), topic, WithQueueLocks(true), WithLockTiming(3*time.Second, 4*time.Second),
+	a, err := New(lockClient(t, cl, "A"), topic, WithQueueLocking(true), WithLockRenewInterval(3*time.Second), WithLockValidity(4*time.Second),
 		WithOffsetReporting(false), WithPollTimeout(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestQueueLocksFence(t *testing.T) {
 	}
 
 	// C gives up after 200 ms: A's locks are still valid on the broker.
-	c, err := New(lockClient(t, cl, "C"), topic, WithQueueLocks(true), WithLockWait(200*time.Millisecond))
+	c, err := New(lockClient(t, cl, "C"), topic, WithQueueLocking(true), WithLockWait(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,8 +75,8 @@ func TestQueueLocksFence(t *testing.T) {
 	}
 
 	// B waits until the broker lets A's locks expire, then owns the queues.
-	b, err := New(lockClient(t, cl, "B"), topic, WithQueueLocks(true), WithOffsetReporting(false),
-		WithLockTiming(200*time.Millisecond, 500*time.Millisecond))
+	b, err := New(lockClient(t, cl, "B"), topic, WithQueueLocking(true), WithOffsetReporting(false),
+		WithLockRenewInterval(200*time.Millisecond), WithLockValidity(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ const (
 func lockChild() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	src, err := Dial(lockTopic, []client.Option{client.WithNameServers(os.Getenv(lockNSEnv)), client.WithClientIP(netip.MustParseAddr("127.0.0.1"))},
-		WithQueueLocks(true), WithOffsetReporting(false), WithLogger(log))
+		WithQueueLocking(true), WithOffsetReporting(false), WithLogger(log))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ERROR:", err)
 		return 1

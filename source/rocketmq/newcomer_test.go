@@ -38,7 +38,7 @@ func TestSourceEveryModeReportsLag(t *testing.T) {
 			opts := []Option{WithOffsetReporting(false), WithStart(Earliest()), WithGroup("lag_" + strings.ReplaceAll(mode, "+", "_"))}
 			locks := strings.HasSuffix(mode, "+locks")
 			if locks {
-				opts = append(opts, WithQueueLocks(true))
+				opts = append(opts, WithQueueLocking(true))
 			}
 			s, err := New(lockClient(t, cl, "lag-"+mode), topic, opts...)
 			if err != nil {

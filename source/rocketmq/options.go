@@ -75,7 +75,7 @@ func (c *config) validate() error {
 		return bad("report timeout %v <= 0", c.reportTimeout)
 	case c.lockWait < 0:
 		return bad("lock wait %v < 0", c.lockWait)
-	case c.lockRenew < 0 || (c.lockRenew > 0 && c.lockValidity <= c.lockRenew):
+	case c.lockRenew <= 0 || c.lockValidity <= c.lockRenew:
 		return bad("lock validity %v must exceed the renew interval %v", c.lockValidity, c.lockRenew)
 	}
 	if err := c.start.validate(); err != nil {
@@ -135,25 +135,32 @@ func WithStoreTime() Option { return optionFunc(func(c *config) { c.storeTime = 
 // default) or off.
 func WithOffsetReporting(on bool) Option { return optionFunc(func(c *config) { c.report = on }) }
 
-// WithQueueLocks makes the source take the broker lock of every queue of
+// WithQueueLocking makes the source take the broker lock of every queue of
 // the topic under its group before reading, renew it, and fail the split
 // (ErrQueueLockLost) if it is lost: one process owns the job's queues (see
 // the package documentation). Default off. Call Close after the job to
 // release the locks. Jobs exclude each other when they lock in the same
 // group: the default group, the job's name, keeps different jobs apart.
-func WithQueueLocks(on bool) Option { return optionFunc(func(c *config) { c.locks = on }) }
+func WithQueueLocking(on bool) Option { return optionFunc(func(c *config) { c.locks = on }) }
 
 // WithLockWait bounds how long Splits and Open wait for queue locks held by
 // another client before failing with ErrQueueLocked (default 0: wait until
 // the context is done).
 func WithLockWait(d time.Duration) Option { return optionFunc(func(c *config) { c.lockWait = d }) }
 
-// WithLockTiming sets the lock renew interval and the validity this client
-// trusts a lock for (defaults client.DefaultLockRenewInterval and
-// client.DefaultLockValidity; the validity must stay below the broker's lock
-// expiry, 60 s by default).
-func WithLockTiming(renew, validity time.Duration) Option {
-	return optionFunc(func(c *config) { c.lockRenew, c.lockValidity = renew, validity })
+// WithLockRenewInterval sets how often the queue locks are renewed
+// (default client.DefaultLockRenewInterval); it must stay below the lock
+// validity (WithLockValidity).
+func WithLockRenewInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.lockRenew = d })
+}
+
+// WithLockValidity sets how long this client trusts a queue lock after the
+// request that took or renewed it (default client.DefaultLockValidity); it
+// must exceed the renew interval and stay below the broker's lock expiry
+// (60 s by default).
+func WithLockValidity(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.lockValidity = d })
 }
 
 // WithLogger sets the source's logger (nil discards).

@@ -48,7 +48,7 @@ type Source struct {
 		instance string          // the instance name Bind derived (Dial)
 		closed   bool            // Close was called (Dial: no new client)
 	}
-	// lk holds the queue locks (WithQueueLocks; locks.go). Lock order: lk
+	// lk holds the queue locks (WithQueueLocking; locks.go). Lock order: lk
 	// before mu.
 	lk struct {
 		sync.Mutex
@@ -78,7 +78,7 @@ func New(c *client.Client, topic string, opts ...Option) (*Source, error) {
 // Bind), its client's instance name is InstanceName(job, directory) unless
 // clientOpts set one (client.WithInstanceName): the same on every run of
 // the job on that directory, which is what lets a restarted job take its
-// queue locks back at once (WithQueueLocks). It validates the options and
+// queue locks back at once (WithQueueLocking). It validates the options and
 // does no I/O.
 func Dial(topic string, clientOpts []client.Option, opts ...Option) (*Source, error) {
 	return newSource(nil, append([]client.Option{}, clientOpts...), topic, opts)
@@ -97,6 +97,8 @@ func newSource(c *client.Client, dial []client.Option, topic string, opts []Opti
 		retries:       DefaultPullRetries,
 		report:        true,
 		reportTimeout: DefaultReportTimeout,
+		lockRenew:     client.DefaultLockRenewInterval,
+		lockValidity:  client.DefaultLockValidity,
 	}
 	for _, o := range opts {
 		o.apply(&cfg)

@@ -31,7 +31,7 @@
 // Most watermill subscribers (AMQP, Kafka, SQL, runnel's RocketMQ transport)
 // hand over the next message of a subscription only after the previous one
 // was acked or nacked. With acks deferred to checkpoints such a subscription
-// delivers about one message per checkpoint. Raise Subscriptions (when the
+// delivers about one message per checkpoint. Raise WithSubscriptions (when the
 // subscriber's subscriptions of a topic compete for messages, like consumers
 // of one AMQP queue) and shorten the job's checkpoint interval; or consume
 // the system natively (source/rocketmq reads RocketMQ by offset, without
@@ -81,7 +81,11 @@ const (
 )
 
 // Option configures a Source.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	subscriptions int
@@ -89,29 +93,31 @@ type config struct {
 	closeTimeout  time.Duration
 }
 
-// Subscriptions sets the number of splits, each one Subscribe call on the
+// WithSubscriptions sets the number of splits, each one Subscribe call on the
 // topic (default 1). Use more than one only with subscribers whose
 // subscriptions of one topic share its messages (competing consumers, like
 // watermill-amqp's queue configurations): a fan-out subscriber such as
 // GoChannel delivers every message to every subscription, and each split
 // would process each message.
-func Subscriptions(n int) Option { return func(c *config) { c.subscriptions = max(n, 1) } }
-
-// EventTime sets each record's event time from its message (for example
-// from a metadata field). Without it the runtime uses the time the record
-// was polled.
-func EventTime(fn func(*message.Message) time.Time) Option {
-	return func(c *config) { c.eventTime = fn }
+func WithSubscriptions(n int) Option {
+	return optionFunc(func(c *config) { c.subscriptions = max(n, 1) })
 }
 
-// CloseTimeout bounds how long a split's Close waits for the subscriber to
+// WithEventTime sets each record's event time from its message (for example
+// from a metadata field). Without it the runtime uses the time the record
+// was polled.
+func WithEventTime(fn func(*message.Message) time.Time) Option {
+	return optionFunc(func(c *config) { c.eventTime = fn })
+}
+
+// WithCloseTimeout bounds how long a split's Close waits for the subscriber to
 // end the subscription and close its channel (DefaultCloseTimeout).
-func CloseTimeout(d time.Duration) Option {
-	return func(c *config) {
+func WithCloseTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
 		if d > 0 {
 			c.closeTimeout = d
 		}
-	}
+	})
 }
 
 // Source reads a watermill topic as a runnel source of T. It is safe for
@@ -138,7 +144,7 @@ func New(sub message.Subscriber, topic string, opts ...Option) *Source[*message.
 func NewDecoded[T any](sub message.Subscriber, topic string, decode func(*message.Message) (T, error), opts ...Option) *Source[T] {
 	cfg := config{subscriptions: 1, closeTimeout: DefaultCloseTimeout}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	return &Source[T]{sub: sub, topic: topic, decode: decode, cfg: cfg}
 }

@@ -243,7 +243,7 @@ func TestDecoded(t *testing.T) {
 		var n int
 		_, err := fmt.Sscan(string(m.Payload), &n)
 		return n, err
-	}, wmsource.EventTime(func(*message.Message) time.Time { return time.Unix(7, 0) }))
+	}, wmsource.WithEventTime(func(*message.Message) time.Time { return time.Unix(7, 0) }))
 	r, err := src.Open(context.Background(), source.Split{ID: "0"}, nil)
 	if err != nil {
 		t.Fatal(err)

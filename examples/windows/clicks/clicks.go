@@ -63,11 +63,9 @@ type Outputs struct {
 // bounded out-of-orderness watermarks per split, the two window operators
 // and their late-click side outputs.
 func Build(job *pipeline.Job, src source.Source[Click], o Options, opts ...pipeline.SourceOption) Outputs {
-	opts = append([]pipeline.SourceOption{
-		pipeline.Timestamps(func(c Click) time.Time { return c.At }),
-		pipeline.BoundedOutOfOrderness(o.MaxOutOfOrder),
-	}, opts...)
-	clicks := pipeline.FromSource(job, "clicks", src, opts...)
+	opts = append([]pipeline.SourceOption{pipeline.BoundedOutOfOrderness(o.MaxOutOfOrder)}, opts...)
+	clicks := pipeline.FromSource(job, "clicks", src, opts...).
+		WithTimestamps(func(c Click) time.Time { return c.At })
 	byUser := pipeline.KeyBy(clicks, func(c Click) string { return c.User })
 	lateMinute := pipeline.NewOutputTag[Click]("late-minute")
 	lateSession := pipeline.NewOutputTag[Click]("late-session")
