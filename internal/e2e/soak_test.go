@@ -368,8 +368,8 @@ func runSoakWindows(ctx context.Context, t *testing.T, c *client.Client, lat *la
 	job := pipeline.New("soak-windows", pipeline.CheckpointDir(t.TempDir()), pipeline.CheckpointInterval(time.Second),
 		pipeline.StateReadCache(soakReadCache))
 	clicks := pipeline.FromSourceDecoded(job, "clicks", src, decode,
-		pipeline.Timestamps(func(c click) time.Time { return time.UnixMilli(c.TS) }),
-		pipeline.BoundedOutOfOrderness(200*time.Millisecond))
+		pipeline.BoundedOutOfOrderness(200*time.Millisecond)).
+		WithTimestamps(func(c click) time.Time { return time.UnixMilli(c.TS) })
 	counts := window.Apply(pipeline.KeyBy(clicks, func(c click) string { return c.User }), "count",
 		window.Tumbling(time.Second), window.Count[click]())
 	pipeline.To(counts, "sink", sink.NewFunc(func(_ context.Context, r window.Result[string, int64]) error {
