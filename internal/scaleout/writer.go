@@ -133,6 +133,11 @@ func Claim(ctx context.Context, cfg WriterConfig) (*Writer, *Record, error) {
 			return nil, nil, err
 		}
 		base := v.Latest
+		if base == nil {
+			if err := checkNoPast(ctx, cfg); err != nil {
+				return nil, nil, err
+			}
+		}
 		if base != nil && base.Fingerprint != cfg.Fingerprint {
 			return nil, nil, fmt.Errorf("%w: %s's latest checkpoint %d was written by worker %s of a job with another fingerprint (operators, key groups or codecs differ)", ErrFingerprint, task, base.Seq, base.Worker)
 		}
@@ -167,6 +172,24 @@ func Claim(ctx context.Context, cfg WriterConfig) (*Writer, *Record, error) {
 		}
 		cfg.Logger.Info("scaleout: claim overtaken; retrying", "task", task, "owner epoch", epoch)
 	}
+}
+
+// checkNoPast makes sure a task whose commit chain is empty is new: its
+// changelog queue must be empty too. Every changelog segment is written
+// after its writer's claim, which is on the commit queue, and queues only
+// grow, so changelog data under an empty chain means the commit records
+// were lost (the commit topic deleted and created again, a broker that lost
+// them): starting the task empty would replay its input from the start.
+func checkNoPast(ctx context.Context, cfg WriterConfig) error {
+	end, err := cfg.Client.MaxOffset(ctx, cfg.Log.Changelog)
+	if err != nil {
+		return fmt.Errorf("scaleout: claim %s: %w", cfg.Log.Task, err)
+	}
+	if end > 0 {
+		return fmt.Errorf("%w: %s holds no record of %s, but %d messages of its state were written to its changelog queue %s: the task's commit records were lost (its commit topic deleted and created again, or the broker lost them)",
+			ErrChainTruncated, cfg.Log.Commit, cfg.Log.Task, end, cfg.Log.Changelog)
+	}
+	return nil
 }
 
 // sendRecord sends r to the task's commit queue, retrying transient
