@@ -79,11 +79,13 @@ func SnapshotEvery(n int) JobOption {
 // from the broker), and runs the task as a job of its own until the queue
 // is revoked (then it takes a final checkpoint) or its lock is lost (then
 // it stops before its next commit). Tasks whose run fails are claimed and
-// run again while they stay assigned.
+// run again while they stay assigned, except a task whose state cannot be
+// rebuilt (ErrTaskStateLost): that is never started empty.
 //
 // RunWorker returns when ctx is cancelled (after every task stopped with a
 // final checkpoint, its queues handed back) or on an error that leaves the
-// worker unable to take part: ErrWorkerFingerprint, a graph that cannot be
+// worker unable to take part: ErrWorkerFingerprint, ErrTaskStateLost (after
+// stopping its other tasks the same way), a graph that cannot be
 // distributed, an unreachable cluster.
 func RunWorker(ctx context.Context, c *client.Client, name string, build func(*Job) error, opts ...JobOption) error {
 	w, err := newWorker(ctx, c, name, build, opts)
@@ -123,6 +125,12 @@ type worker struct {
 	gc       *client.GroupConsumer
 	alloc    *recordingAllocator
 	wg       sync.WaitGroup
+
+	// fatal is closed when a task's state is lost (worker_lost.go): the
+	// worker stops and RunWorker returns fatalErr.
+	fatal     chan struct{}
+	fatalOnce sync.Once
+	fatalErr  error
 
 	mu struct {
 		sync.Mutex
@@ -262,7 +270,7 @@ func newWorker(ctx context.Context, c *client.Client, name string, build func(*J
 		return nil, fmt.Errorf("%w: %d ranges outside [1, max parallelism %d]", ErrInvalidGraph, cfg.ranges, cfg.maxParallelism)
 	}
 	w := &worker{c: c, name: name, build: build, opts: opts, cfg: cfg, log: cfg.logger,
-		stages: map[string]*stageInfo{}, byIn: map[string]*stageInfo{}}
+		stages: map[string]*stageInfo{}, byIn: map[string]*stageInfo{}, fatal: make(chan struct{})}
 	w.group = cfg.workerGroup
 	if w.group == "" {
 		w.group = scaleout.GroupName(name)
@@ -409,7 +417,10 @@ func (w *worker) run(ctx context.Context) (err error) {
 		lw.Go(func() { w.standbyLoop(loops) })
 	}
 	w.log.Info("worker started", "job", w.name, "group", w.group, "stages", len(w.stages), "standbys", w.cfg.standbys)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-w.fatal:
+	}
 	// Close revokes every queue (OnRevoke stops its task with a final
 	// checkpoint and unlocks it).
 	cerr := gc.Close()
@@ -417,6 +428,11 @@ func (w *worker) run(ctx context.Context) (err error) {
 	lw.Wait()
 	w.stopStandbys(nil)
 	w.wg.Wait()
+	select {
+	case <-w.fatal:
+		return errors.Join(w.fatalErr, cerr)
+	default:
+	}
 	return cerr
 }
 
@@ -457,6 +473,9 @@ func (w *worker) checkFingerprint(ctx context.Context) error {
 		for _, q := range st.layout.Queues(st.input) {
 			id := taskOf(st, q).String()
 			if err := w.follower.Ready(ctx, id); err != nil {
+				if isStateLost(err) {
+					return stateLostError(id, err)
+				}
 				return err
 			}
 			v, err := w.follower.View(id)
@@ -730,6 +749,7 @@ func (w *worker) runTask(ctx context.Context, tr *taskRun) {
 		}
 	}
 	bo := backoff.Policy{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
+	lost := 0 // runs in a row that found the task's state gone
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		tr.setState("waiting-lock")
 		if !w.acquire(ctx, tr) {
@@ -756,12 +776,26 @@ func (w *worker) runTask(ctx context.Context, tr *taskRun) {
 			attempt = -1 // the lock was lost: wait for it again at once
 			continue
 		}
+		if isStateLost(err) {
+			if lost++; lost >= lostAttempts {
+				err = stateLostError(tr.id.String(), err)
+				tr.statusMu.Lock()
+				tr.state, tr.lastErr = "state-lost", err.Error()
+				tr.statusMu.Unlock()
+				w.handoff(tr.id.String(), "state-lost", err.Error())
+				w.log.Error("task state lost: the worker stops", "task", tr.id.String(), "err", err)
+				w.giveUp(err)
+				return
+			}
+		} else {
+			lost = 0
+		}
 		ev := "failed"
 		if errors.Is(err, scaleout.ErrFenced) {
 			ev = "fenced"
 		}
 		w.handoff(tr.id.String(), ev, err.Error())
-		if errors.Is(err, scaleout.ErrFingerprint) || errors.Is(err, scaleout.ErrStaleLocalState) {
+		if errors.Is(err, scaleout.ErrFingerprint) || isStateLost(err) {
 			w.log.Error("task cannot run on this worker", "task", tr.id.String(), "err", err)
 		} else {
 			w.log.Warn("task failed; claiming it again", "task", tr.id.String(), "err", err)

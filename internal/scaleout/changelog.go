@@ -214,14 +214,18 @@ func (r *SegmentReader) fill() {
 	}
 	switch res.Status {
 	case client.PullOffsetIllegal:
-		r.err = fmt.Errorf("%w: task %s checkpoint %d: [%d, %d) of %s is gone (the queue starts at %d): retention deleted it", ErrSegmentGone, r.task, r.seg.Seq, r.seg.From, r.seg.To, r.q, res.MinOffset)
+		why := "retention (or a deletion) removed it"
+		if res.MinOffset <= r.next {
+			why = "the queue is shorter than the record says: the topic was deleted and created again, or the broker lost messages"
+		}
+		r.err = fmt.Errorf("%w: task %s checkpoint %d: [%d, %d) of %s is gone (the queue holds [%d, %d)): %s", ErrSegmentGone, r.task, r.seg.Seq, r.seg.From, r.seg.To, r.q, res.MinOffset, res.MaxOffset, why)
 		return
 	case client.PullNoNewMsg, client.PullNoMatchedMsg:
 		if res.NextBeginOffset > r.next {
 			r.next = res.NextBeginOffset
 			return
 		}
-		r.err = fmt.Errorf("%w: task %s checkpoint %d: [%d, %d) of %s not readable (queue ends at %d)", ErrSegmentGone, r.task, r.seg.Seq, r.seg.From, r.seg.To, r.q, res.MaxOffset)
+		r.err = fmt.Errorf("%w: task %s checkpoint %d: [%d, %d) of %s not readable (the queue ends at %d: the topic was deleted and created again, or the broker lost messages)", ErrSegmentGone, r.task, r.seg.Seq, r.seg.From, r.seg.To, r.q, res.MaxOffset)
 		return
 	}
 	for i := range res.Messages {

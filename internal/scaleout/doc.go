@@ -86,5 +86,8 @@
 //     record's segments are readable whenever the record is.
 //   - A record that retention deleted cannot be confirmed or restored: a
 //     task whose latest valid record or snapshot is gone fails with what is
-//     missing, it never starts empty.
+//     missing, it never starts empty. An empty chain is trusted as a new
+//     task only when the task's changelog queue is empty too (a segment is
+//     always written after its writer's claim), and a chain whose stored
+//     hint lies past its queue's end is refused (the broker lost records).
 package scaleout

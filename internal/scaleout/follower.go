@@ -19,7 +19,10 @@ const followSuspend = 10 * time.Second
 
 // ErrChainTruncated is returned (wrapped, with the queue) when a task's
 // commit chain cannot be validated: its first records were deleted by the
-// broker's retention and no hint names a valid record to start from.
+// broker's retention and no hint names a valid record to start from, the
+// record the hint names is past the queue's end, or (Claim) the chain is
+// empty while the task's changelog is not. Records the task's state
+// depends on are gone: the task must not start empty.
 var ErrChainTruncated = errors.New("scaleout: commit chain truncated")
 
 // Follower keeps the commit chains of a job's tasks up to date, one
@@ -358,6 +361,14 @@ func (f *Follower) start(ctx context.Context, fw *followed) (start, end int64, e
 		return 0, 0, err
 	}
 	hint, herr := f.c.QueryConsumerOffset(ctx, f.group, fw.q)
+	if herr == nil && hint >= end {
+		// A writer stores the hint after reading its record back: the
+		// record existed, and a queue never shrinks but by losing data (a
+		// slave promoted without the latest records, a store restored from
+		// an older copy). Reading what is left would make an older record
+		// the latest valid one.
+		return 0, 0, fmt.Errorf("%w: %s ends at %d but the record of %s confirmed at offset %d (the group's hint) is not there: the broker lost records", ErrChainTruncated, fw.q, end, fw.task, hint)
+	}
 	if herr == nil && hint >= min && hint < end {
 		res, err := f.c.Pull(ctx, client.PullRequest{Queue: fw.q, Offset: hint, MaxMsgs: 1, Group: f.group})
 		if err != nil {
@@ -376,7 +387,7 @@ func (f *Follower) start(ctx context.Context, fw *followed) (start, end int64, e
 		return 0, 0, herr
 	}
 	if min > 0 {
-		return 0, 0, fmt.Errorf("%w: %s starts at %d and no hint names a valid record of %s", ErrChainTruncated, fw.q, min, fw.task)
+		return 0, 0, fmt.Errorf("%w: %s starts at %d (records [0, %d) were deleted, by retention or by hand) and no hint names a valid record of %s", ErrChainTruncated, fw.q, min, min, fw.task)
 	}
 	return 0, end, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/runnel-dev/runnel/checkpoint"
@@ -63,9 +64,13 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
 		}
 		if base.Snapshot.Seq > 0 {
-			r := NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
-			cr := &countingReader{r: r}
-			if err := checkpoint.RestoreSavepoint(ctx, dir, cr, opts); err != nil {
+			ra := newReadAhead(ctx, func(ctx context.Context) io.Reader {
+				return NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
+			})
+			cr := &countingReader{r: ra}
+			err := checkpoint.RestoreSavepoint(ctx, dir, cr, opts)
+			ra.Close()
+			if err != nil {
 				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
 			}
 			rep.FromSnapshot, rep.Bytes = true, cr.n

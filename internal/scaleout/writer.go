@@ -121,6 +121,13 @@ func Claim(ctx context.Context, cfg WriterConfig) (*Writer, *Record, error) {
 		return nil, nil, err
 	}
 	for attempt := 0; ; attempt++ {
+		// The changelog's end is read before the commit queue's: a segment
+		// there was preceded by its writer's claim, which is then below the
+		// commit queue's end and in the view (see lostChain).
+		changes, err := cfg.Client.MaxOffset(ctx, cfg.Log.Changelog)
+		if err != nil {
+			return nil, nil, fmt.Errorf("scaleout: claim %s: %w", task, err)
+		}
 		end, err := cfg.Client.MaxOffset(ctx, cfg.Log.Commit)
 		if err != nil {
 			return nil, nil, fmt.Errorf("scaleout: claim %s: %w", task, err)
@@ -133,6 +140,9 @@ func Claim(ctx context.Context, cfg WriterConfig) (*Writer, *Record, error) {
 			return nil, nil, err
 		}
 		base := v.Latest
+		if base == nil && changes > 0 {
+			return nil, nil, lostChain(cfg, changes)
+		}
 		if base != nil && base.Fingerprint != cfg.Fingerprint {
 			return nil, nil, fmt.Errorf("%w: %s's latest checkpoint %d was written by worker %s of a job with another fingerprint (operators, key groups or codecs differ)", ErrFingerprint, task, base.Seq, base.Worker)
 		}
@@ -167,6 +177,17 @@ func Claim(ctx context.Context, cfg WriterConfig) (*Writer, *Record, error) {
 		}
 		cfg.Logger.Info("scaleout: claim overtaken; retrying", "task", task, "owner epoch", epoch)
 	}
+}
+
+// lostChain is Claim's error for a task whose commit chain is empty while
+// changes segments were written to its changelog queue. Every segment is
+// written after its writer's claim, which is on the commit queue, and
+// queues only grow: the commit records were lost (the commit topic deleted
+// and created again, a broker that lost them), and starting the task empty
+// would replay its input from the start.
+func lostChain(cfg WriterConfig, changes int64) error {
+	return fmt.Errorf("%w: %s holds no record of %s, but %d messages of its state were written to its changelog queue %s: the task's commit records were lost (its commit topic deleted and created again, or the broker lost them)",
+		ErrChainTruncated, cfg.Log.Commit, cfg.Log.Task, changes, cfg.Log.Changelog)
 }
 
 // sendRecord sends r to the task's commit queue, retrying transient
