@@ -123,14 +123,16 @@ type popResult uint8
 const (
 	popMessage popResult = iota
 	popWake
+	popEvent
 	popTimer
 	popDone
 )
 
 // pop returns the next message of an unblocked sender, round robin. Before
 // blocking it calls idle (to flush partial output batches); it returns
-// popWake, popTimer or popDone when wake, timer or ctx fire first.
-func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
+// popWake, popEvent, popTimer or popDone when wake, events, timer or ctx
+// fire first (a nil channel never does).
+func (in *inbox[R]) pop(ctx context.Context, wake, events <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
 	idled := false
 	for {
 		in.mu.Lock()
@@ -159,6 +161,8 @@ func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan 
 		case <-in.notify:
 		case <-wake:
 			return 0, message[R]{}, popWake, nil
+		case <-events:
+			return 0, message[R]{}, popEvent, nil
 		case <-timer:
 			return 0, message[R]{}, popTimer, nil
 		case <-ctx.Done():
@@ -166,6 +170,9 @@ func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan 
 		}
 	}
 }
+
+// recycle returns a processed data message's batch to the pool.
+func (in *inbox[R]) recycle(m message[R]) { putBatch(in.pool, m.batch) }
 
 func (in *inbox[R]) block(sender int) {
 	in.mu.Lock()

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -199,8 +198,10 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 	return &Stream[U]{n: n}
 }
 
-// keyedTask is one subtask of a keyed operator.
+// keyedTask is one subtask of a keyed operator: the inputTask of its
+// inputLoop (taskloop.go).
 type keyedTask[K comparable, T, U any] struct {
+	inputDefaults
 	n      *node
 	j      *Job
 	sub    int
@@ -214,24 +215,25 @@ type keyedTask[K comparable, T, U any] struct {
 	store  *jobRun
 	lateH  *lateHandler // late.go
 
-	backend *state.Backend
-	timers  *state.Timers
-	kctx    *KeyedContext[K, U]
-	fn      KeyedProcessFunc[K, T, U]
-	onTimer func(*KeyedContext[K, U], Timer) error
-	onGroup func(*KeyedContext[K, U], uint16, Timer) error // nil: not a GroupTimerFunc
-	scratch []byte
-	groupTS int64 // the firing group timer's time (for ForKey's dead letters)
+	h         *runtime.Handle
+	backend   *state.Backend
+	timers    *state.Timers
+	wmStore   *keyedWatermarkStore
+	kctx      *KeyedContext[K, U]
+	fn        KeyedProcessFunc[K, T, U]
+	processFn func(*KeyedContext[K, U], T) error
+	onTimer   func(*KeyedContext[K, U], Timer) error
+	onGroup   func(*KeyedContext[K, U], uint16, Timer) error // nil: not a GroupTimerFunc
+	cnt       *counter
+	procTimer *time.Timer // armed for the next processing timer
+	scratch   []byte
+	groupTS   int64 // the firing group timer's time (for ForKey's dead letters)
 }
 
 const timerStateName = "runnel.timers"
 
 func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %v", ErrPanic, p)
-		}
-	}()
+	defer recoverTask(&err)
 	eng := kt.store.engine
 	maxP := kt.j.cfg.maxParallelism
 	start, end := kt.store.keyGroupsOf(kt.n, kt.sub)
@@ -246,11 +248,10 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 	if kt.timers, err = state.NewTimers(kt.backend, timerStateName); err != nil {
 		return err
 	}
-	wmStore, err := newKeyedWatermarkStore(kt.backend)
-	if err != nil {
+	if kt.wmStore, err = newKeyedWatermarkStore(kt.backend); err != nil {
 		return err
 	}
-	restoredWM, err := wmStore.restore(kt.backend)
+	restoredWM, err := kt.wmStore.restore(kt.backend)
 	if err != nil {
 		return fmt.Errorf("restore watermark: %w", err)
 	}
@@ -268,206 +269,106 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 			}
 		}()
 	}
-	cnt := kt.b.counter(kt.n)
+	kt.h = h
+	kt.cnt = kt.b.counter(kt.n)
 	kt.kctx = &KeyedContext[K, U]{ctx: ctx, uctx: ctx, wm: restoredWM, emit: kt.emit, timers: kt.timers, backend: kt.backend,
-		sides: kt.sides, clock: kt.j.cfg.clock, out: cnt, task: kt}
-	process := kt.fn.ProcessElement
+		sides: kt.sides, clock: kt.j.cfg.clock, out: kt.cnt, task: kt}
+	kt.processFn = kt.fn.ProcessElement
 	kt.onTimer = kt.fn.OnTimer
 	if g, ok := kt.fn.(GroupTimerFunc[K, U]); ok {
 		kt.onGroup = g.OnGroupTimer
 	}
-	ports := kt.b.ports
-	senders := kt.in.senderCount() // discovery may add senders (discovery.go)
-	al := newAligner(senders)
-	wms := newInputWatermarks(senders, restoredWM)
-	procTimer := time.NewTimer(time.Hour)
-	procTimer.Stop()
-	defer procTimer.Stop()
-	var notes []runtime.Note
-	onNote := func(n runtime.Note) error {
-		if n.Completed {
-			kt.backend.Committed(n.ID)
-		} else {
-			kt.backend.Aborted(n.ID)
-		}
-		if x, ok := kt.fn.(extraState); ok {
-			x.noteExtra(n) // broadcast.go
-		}
-		return nil
-	}
-	snapshot := func(id uint64) (runtime.Ack, error) {
-		if err := wmStore.save(kt.backend, kt.kctx.wm); err != nil {
-			return runtime.Ack{}, fmt.Errorf("save watermark: %w", err)
-		}
-		part := kt.backend.Snapshot(id)
-		if x, ok := kt.fn.(extraState); ok {
-			part = x.snapshotExtra(id, part) // broadcast.go
-		}
-		return runtime.Ack{Part: part}, nil
-	}
-	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
-	aligned := func() (bool, error) {
-		if err := flushPorts(ctx, ports); err != nil {
-			return false, err
-		}
-		if err := syncPorts(ctx, ports); err != nil {
-			return false, err
-		}
-		kt.b.flushCounters()
-		a, err := snapshot(al.done)
+	kt.procTimer = time.NewTimer(time.Hour)
+	kt.procTimer.Stop()
+	defer kt.procTimer.Stop()
+	return newInputLoop(h, kt.in, inputTask[krec[K, T]](kt), kt.b.ports, kt.b.flushCounters, true, restoredWM, wmGauge).run(ctx)
+}
+
+// process implements inputTask: it runs the function on every record of
+// the batch, under the record's key.
+func (kt *keyedTask[K, T, U]) process(ctx context.Context, m *message[krec[K, T]]) error {
+	batch, traces := *m.batch, m.traces
+	for i := range batch {
+		r := &batch[i]
+		kb, err := kt.codec.Append(kt.scratch[:0], r.k)
 		if err != nil {
-			return false, err
+			return fmt.Errorf("encode key: %w", err)
 		}
-		h.Ack(al.done, a)
-		if err := barrierPorts(ctx, ports, al.done, al.maxStop); err != nil {
-			return false, err
+		kt.scratch = kb
+		kt.backend.SetCurrentKeyGroup(kb, r.kg)
+		kt.kctx.key, kt.kctx.ts = r.k, r.ts
+		kt.cnt.in++
+		if len(traces) > 0 && traces[0].i == i {
+			err = kt.processTraced(ctx, traces[0].tr, kt.processFn, r.v) // hooks.go
+			traces = traces[1:]
+		} else {
+			err = callErr(ctx, kt.n.retry, kt.processFn, kt.kctx, r.v)
 		}
-		kt.in.unblockAll()
-		return al.maxStop, nil
-	}
-	advance := func() error {
-		wm, idle := wms.combined(al.eos)
-		if !idle && wms.outIdle {
-			wms.outIdle = false
-			if err := watermarkPorts(ctx, ports, max(kt.kctx.wm, activeNoWatermark)); err != nil {
+		if err != nil {
+			if err := kt.reject(ctx, err, r.v, r.ts); err != nil {
 				return err
 			}
 		}
-		if wm > kt.kctx.wm {
-			kt.kctx.wm = wm
-			wmGauge.Store(wm)
-			if err := kt.fire(ctx, state.EventTime, wm); err != nil {
-				return err
-			}
-			if wm == math.MaxInt64 {
-				return nil // the end of input: forwarded as EOS
-			}
-			if err := watermarkPorts(ctx, ports, wm); err != nil {
-				return err
-			}
-			wms.outIdle = false
-		}
-		if idle && !wms.outIdle {
-			wms.outIdle = true
-			return watermarkPorts(ctx, ports, idleWatermark)
-		}
-		return nil
 	}
-	idle := func() error {
-		kt.b.flushCounters()
-		return flushPorts(ctx, ports)
+	if kt.backend.WantsCheckpoint() {
+		kt.h.RequestCheckpoint() // spill the changes through a checkpoint
 	}
-	for {
-		var timerC <-chan time.Time
-		if kt.timers.Len(state.ProcessingTime) > 0 {
-			next, _ := kt.timers.NextTimestamp(state.ProcessingTime)
-			d := min(time.Duration(next-kt.j.cfg.clock().UnixNano()), 50*time.Millisecond)
-			if d <= 0 {
-				if err := kt.fire(ctx, state.ProcessingTime, kt.j.cfg.clock().UnixNano()); err != nil {
-					return err
-				}
-				continue
-			}
-			procTimer.Reset(d)
-			timerC = procTimer.C
-		}
-		s, m, res, err := kt.in.pop(ctx, h.Wake(), timerC, idle)
-		if timerC != nil {
-			procTimer.Stop()
-		}
-		switch res {
-		case popWake:
-			notes = h.Notes(notes[:0])
-			for _, n := range notes {
-				_ = onNote(n) // never fails
+	return nil
+}
+
+// snapshot implements checkpointed: the watermark and the keyed state.
+func (kt *keyedTask[K, T, U]) snapshot(_ context.Context, id uint64) (runtime.Ack, error) {
+	if err := kt.wmStore.save(kt.backend, kt.kctx.wm); err != nil {
+		return runtime.Ack{}, fmt.Errorf("save watermark: %w", err)
+	}
+	part := kt.backend.Snapshot(id)
+	if x, ok := kt.fn.(extraState); ok {
+		part = x.snapshotExtra(id, part) // broadcast.go
+	}
+	return runtime.Ack{Part: part}, nil
+}
+
+// note implements checkpointed. It never fails.
+func (kt *keyedTask[K, T, U]) note(_ context.Context, n runtime.Note) error {
+	if n.Completed {
+		kt.backend.Committed(n.ID)
+	} else {
+		kt.backend.Aborted(n.ID)
+	}
+	if x, ok := kt.fn.(extraState); ok {
+		x.noteExtra(n) // broadcast.go
+	}
+	return nil
+}
+
+// advanced implements inputTask: it fires the event timers up to wm.
+func (kt *keyedTask[K, T, U]) advanced(ctx context.Context, wm int64) error {
+	kt.kctx.wm = wm
+	return kt.fire(ctx, state.EventTime, wm)
+}
+
+// watermark implements inputTask.
+func (kt *keyedTask[K, T, U]) watermark(ctx context.Context, wm int64) error {
+	return watermarkPorts(ctx, kt.b.ports, wm)
+}
+
+// wakeups implements inputTask: it fires the due processing timers and
+// arms procTimer for the next one (at most 50 ms ahead: the job's clock
+// may be a test's).
+func (kt *keyedTask[K, T, U]) wakeups(ctx context.Context) (<-chan struct{}, <-chan time.Time, error) {
+	for kt.timers.Len(state.ProcessingTime) > 0 {
+		next, _ := kt.timers.NextTimestamp(state.ProcessingTime)
+		d := min(time.Duration(next-kt.j.cfg.clock().UnixNano()), 50*time.Millisecond)
+		if d <= 0 {
+			if err := kt.fire(ctx, state.ProcessingTime, kt.j.cfg.clock().UnixNano()); err != nil {
+				return nil, nil, err
 			}
 			continue
-		case popTimer:
-			continue // the loop head fires due processing timers
-		case popDone:
-			return err
 		}
-		if m.kind != msgData {
-			// A sender added by discovery must be aligned (and hold the
-			// watermark back) even before it sends anything.
-			if n := kt.in.senderCount(); n > senders {
-				senders = n
-				al.grow(senders)
-				wms.grow(senders)
-			}
-		}
-		switch m.kind {
-		case msgData:
-			batch, traces := *m.batch, m.traces
-			for i := range batch {
-				r := &batch[i]
-				kb, err := kt.codec.Append(kt.scratch[:0], r.k)
-				if err != nil {
-					return fmt.Errorf("encode key: %w", err)
-				}
-				kt.scratch = kb
-				kt.backend.SetCurrentKeyGroup(kb, r.kg)
-				kt.kctx.key, kt.kctx.ts = r.k, r.ts
-				cnt.in++
-				if len(traces) > 0 && traces[0].i == i {
-					err = kt.processTraced(ctx, traces[0].tr, process, r.v) // hooks.go
-					traces = traces[1:]
-				} else {
-					err = callErr(ctx, kt.n.retry, process, kt.kctx, r.v)
-				}
-				if err != nil {
-					if err := kt.reject(ctx, err, r.v, r.ts); err != nil {
-						return err
-					}
-				}
-			}
-			putBatch(kt.in.pool, m.batch)
-			if kt.backend.WantsCheckpoint() {
-				h.RequestCheckpoint() // spill the changes through a checkpoint
-			}
-		case msgWatermark:
-			if wms.update(s, m.wm) {
-				if err := advance(); err != nil {
-					return err
-				}
-			}
-		case msgBarrier:
-			if al.barrier(s, m.id, m.stop, kt.in.block, kt.in.unblock) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-		case msgEOS:
-			if al.end(s) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-			if al.allEnded() {
-				if err := advance(); err != nil { // fires every event timer
-					return err
-				}
-				if err := idle(); err != nil {
-					return err
-				}
-				if err := endPorts(ctx, ports); err != nil {
-					return err
-				}
-				return finish()
-			}
-			if err := advance(); err != nil {
-				return err
-			}
-		}
+		kt.procTimer.Reset(d)
+		return nil, kt.procTimer.C, nil
 	}
+	return nil, nil, nil
 }
 
 // fire runs the due timers of domain d up to upTo: for event time, key
