@@ -33,6 +33,9 @@ type message[R any] struct {
 	id    uint64
 	wm    int64
 	batch *[]R
+	// keys, for a batch of krec, holds the records' encoded keys end to
+	// end (krec.kend); it goes back to inbox.keys with the batch.
+	keys *[]byte
 	// traces lists the batch's traced records (hooks.go), nil when none.
 	traces []tracedAt
 }
@@ -65,6 +68,7 @@ type inbox[R any] struct {
 	notify chan struct{}   // receiver wake-up, cap 1
 	space  []chan struct{} // per-sender wake-up, cap 1; grows under mu (addSender)
 	pool   *sync.Pool      // of *[]R with capacity batchSize
+	keys   *sync.Pool      // of the batches' key arenas (message.keys); nil when they have none
 	// blocked[sender], when set, accumulates the nanoseconds the sender
 	// waited for room (backpressure; hooks.go). Guarded by mu.
 	blocked []*atomic.Int64
@@ -171,8 +175,14 @@ func (in *inbox[R]) pop(ctx context.Context, wake, events <-chan struct{}, timer
 	}
 }
 
-// recycle returns a processed data message's batch to the pool.
-func (in *inbox[R]) recycle(m message[R]) { putBatch(in.pool, m.batch) }
+// recycle returns a processed data message's batch (and key arena) to
+// their pools.
+func (in *inbox[R]) recycle(m message[R]) {
+	putBatch(in.pool, m.batch)
+	if m.keys != nil {
+		in.keys.Put(m.keys)
+	}
+}
 
 func (in *inbox[R]) block(sender int) {
 	in.mu.Lock()

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -10,12 +11,34 @@ import (
 	"github.com/runnel-dev/runnel/state"
 )
 
-// krec is a record on a channel to a keyed subtask.
+// krec is a record on a channel to a keyed subtask. Its key travels both
+// as K (KeyedContext.Key) and encoded, in its message's keys: the sender
+// encodes it once (it needs the bytes for the key group), and the subtask
+// sets the state backend's current key from those bytes.
 type krec[K comparable, T any] struct {
 	k  K
 	v  T
 	ts int64
 	kg uint16 // k's key group, computed once by the sender
+	// kend is where the record's encoded key ends in its message's keys;
+	// it starts where the previous record's ends (at 0 for the first).
+	kend uint32
+}
+
+// newKeyPool returns a pool of key arenas (message.keys) for batches of
+// krec.
+func newKeyPool() *sync.Pool {
+	return &sync.Pool{New: func() any {
+		b := make([]byte, 0, batchSize*16)
+		return &b
+	}}
+}
+
+// getKeys takes an empty key arena from the pool.
+func getKeys(pool *sync.Pool) *[]byte {
+	b := pool.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
 }
 
 // keyedPort is one task's output to the subtasks of a keyed operator.
@@ -23,7 +46,9 @@ type keyedPort[K comparable, T any] struct {
 	ins     []*inbox[krec[K, T]]
 	sender  int
 	pool    *sync.Pool
+	kpool   *sync.Pool // of the batches' key arenas
 	bufs    []*[]krec[K, T]
+	keys    []*[]byte // per subtask, the open batch's encoded keys
 	key     func(T) K
 	codec   Codec[K]
 	maxP    int
@@ -42,26 +67,48 @@ func (p *keyedPort[K, T]) emit(ctx context.Context, v T, ts int64) error {
 	p.scratch = kb
 	kg := state.KeyGroup(kb, p.maxP)
 	if p.all != nil && p.all(v) {
-		return p.emitAll(ctx, krec[K, T]{k: k, v: v, ts: ts, kg: kg}) // broadcast.go
+		return p.emitAll(ctx, krec[K, T]{k: k, v: v, ts: ts, kg: kg}, kb) // broadcast.go
 	}
 	sub := 0
 	if len(p.ins) > 1 {
 		sub = state.SubtaskOf(kg, p.maxP, len(p.ins))
 	}
+	n, err := p.add(sub, krec[K, T]{k: k, v: v, ts: ts, kg: kg}, kb)
+	if err != nil {
+		return err
+	}
+	if p.meta.trace != nil {
+		p.noteTrace(sub, n-1) // hooks.go
+	}
+	if n >= batchSize {
+		return p.send(ctx, sub)
+	}
+	return nil
+}
+
+// add appends r, with its encoded key kb, to subtask sub's open batch and
+// returns the batch's length.
+func (p *keyedPort[K, T]) add(sub int, r krec[K, T], kb []byte) (int, error) {
 	b := p.bufs[sub]
 	if b == nil {
 		b = getBatch[krec[K, T]](p.pool)
-		p.bufs[sub] = b
+		p.bufs[sub], p.keys[sub] = b, getKeys(p.kpool)
 	}
-	*b = append(*b, krec[K, T]{k: k, v: v, ts: ts, kg: kg})
-	if p.meta.trace != nil {
-		p.noteTrace(sub, len(*b)-1) // hooks.go
+	ks := p.keys[sub]
+	if uint64(len(*ks))+uint64(len(kb)) > math.MaxUint32 {
+		return 0, fmt.Errorf("pipeline: encoded keys of one batch exceed 4 GiB")
 	}
-	if len(*b) >= batchSize {
-		p.bufs[sub] = nil
-		return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, traces: p.takeTraces(sub)})
-	}
-	return nil
+	*ks = append(*ks, kb...)
+	r.kend = uint32(len(*ks))
+	*b = append(*b, r)
+	return len(*b), nil
+}
+
+// send sends subtask sub's open batch.
+func (p *keyedPort[K, T]) send(ctx context.Context, sub int) error {
+	b, ks := p.bufs[sub], p.keys[sub]
+	p.bufs[sub], p.keys[sub] = nil, nil
+	return p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, keys: ks, traces: p.takeTraces(sub)})
 }
 
 func (p *keyedPort[K, T]) flush(ctx context.Context) error {
@@ -69,8 +116,7 @@ func (p *keyedPort[K, T]) flush(ctx context.Context) error {
 		if b == nil || len(*b) == 0 {
 			continue
 		}
-		p.bufs[i] = nil
-		if err := p.ins[i].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, traces: p.takeTraces(i)}); err != nil {
+		if err := p.send(ctx, i); err != nil {
 			return err
 		}
 	}
@@ -125,7 +171,7 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 	if vcodec == nil {
 		vcodec = JSON[T]()
 	}
-	pool := newBatchPool[krec[K, T]]()
+	pool, kpool := newBatchPool[krec[K, T]](), newKeyPool()
 	var ins []*inbox[krec[K, T]]
 	n.setup = func(r *jobRun) error {
 		p := n.parallelism
@@ -135,6 +181,7 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		ins = make([]*inbox[krec[K, T]], p)
 		for i := range ins {
 			ins[i] = newInbox[krec[K, T]](n.senders, pool)
+			ins[i].keys = kpool
 		}
 		return nil
 	}
@@ -151,7 +198,7 @@ func keyedOp[K comparable, T, U any](k *KeyedStream[K, T], uid, kind, stateCodec
 		if err != nil {
 			return nil, err
 		}
-		p := &keyedPort[K, T]{ins: ins, sender: s, pool: pool, bufs: make([]*[]krec[K, T], len(ins)),
+		p := &keyedPort[K, T]{ins: ins, sender: s, pool: pool, kpool: kpool, bufs: make([]*[]krec[K, T], len(ins)), keys: make([]*[]byte, len(ins)),
 			key: k.key, codec: k.codec, maxP: j.cfg.maxParallelism, meta: &b.meta, all: k.all}
 		b.addPort(p)
 		return emitFn[T](p.emit), nil
@@ -287,15 +334,13 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 // process implements inputTask: it runs the function on every record of
 // the batch, under the record's key.
 func (kt *keyedTask[K, T, U]) process(ctx context.Context, m *message[krec[K, T]]) error {
-	batch, traces := *m.batch, m.traces
+	batch, keys, traces := *m.batch, *m.keys, m.traces
+	kstart := uint32(0)
 	for i := range batch {
 		r := &batch[i]
-		kb, err := kt.codec.Append(kt.scratch[:0], r.k)
-		if err != nil {
-			return fmt.Errorf("encode key: %w", err)
-		}
-		kt.scratch = kb
-		kt.backend.SetCurrentKeyGroup(kb, r.kg)
+		kt.backend.SetCurrentKeyGroup(keys[kstart:r.kend], r.kg) // the sender's encoding of r.k
+		kstart = r.kend
+		var err error
 		kt.kctx.key, kt.kctx.ts = r.k, r.ts
 		kt.cnt.in++
 		if len(traces) > 0 && traces[0].i == i {

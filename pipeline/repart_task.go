@@ -104,6 +104,7 @@ type repartTask[K comparable, T any] struct {
 	wm      int64 // last watermark forwarded
 	outIdle bool
 	batch   *[]krec[K, T]
+	keys    *[]byte // batch's encoded keys (message.keys)
 	cnt     *counter
 }
 
@@ -157,10 +158,10 @@ func (rt *repartTask[K, T]) flush(ctx context.Context) error {
 	if rt.batch == nil || len(*rt.batch) == 0 {
 		return nil
 	}
-	b := rt.batch
-	rt.batch = nil
+	b, ks := rt.batch, rt.keys
+	rt.batch, rt.keys = nil, nil
 	rt.cnt.flush()
-	return rt.push(ctx, message[krec[K, T]]{kind: msgData, batch: b})
+	return rt.push(ctx, message[krec[K, T]]{kind: msgData, batch: b, keys: ks})
 }
 
 // barrier implements port.
@@ -248,9 +249,10 @@ func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err err
 				return fmt.Errorf("decode record from repartition: %w", err)
 			}
 			if rt.batch == nil {
-				rt.batch = getBatch[krec[K, T]](rt.pool)
+				rt.batch, rt.keys = getBatch[krec[K, T]](rt.pool), getKeys(rt.in.keys)
 			}
-			*rt.batch = append(*rt.batch, krec[K, T]{k: k, v: v, ts: ts, kg: kg})
+			*rt.keys = append(*rt.keys, kb...) // bounded: kb is part of one broker message
+			*rt.batch = append(*rt.batch, krec[K, T]{k: k, v: v, ts: ts, kg: kg, kend: uint32(len(*rt.keys))})
 			rt.cnt.in++
 			rt.cnt.out++
 			if len(*rt.batch) >= batchSize {
