@@ -184,6 +184,17 @@ func (in *inbox[R]) recycle(m message[R]) {
 	}
 }
 
+// pushAll pushes m from sender to every inbox of ins (a barrier, a
+// watermark or the end of stream of a port to many subtasks).
+func pushAll[R any](ctx context.Context, ins []*inbox[R], sender int, m message[R]) error {
+	for _, in := range ins {
+		if err := in.push(ctx, sender, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (in *inbox[R]) block(sender int) {
 	in.mu.Lock()
 	in.mu.blocked[sender] = true

@@ -127,12 +127,7 @@ func (p *keyedPort[K, T]) broadcast(ctx context.Context, m message[krec[K, T]]) 
 	if err := p.flush(ctx); err != nil {
 		return err
 	}
-	for _, in := range p.ins {
-		if err := in.push(ctx, p.sender, m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pushAll(ctx, p.ins, p.sender, m)
 }
 
 func (p *keyedPort[K, T]) barrier(ctx context.Context, id uint64, stop bool) error {

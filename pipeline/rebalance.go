@@ -229,12 +229,7 @@ func (p *rrPort[T]) broadcast(ctx context.Context, m message[srec[T]]) error {
 	if err := p.flush(ctx); err != nil {
 		return err
 	}
-	for _, in := range p.ins {
-		if err := in.push(ctx, p.sender, m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pushAll(ctx, p.ins, p.sender, m)
 }
 
 func (p *rrPort[T]) barrier(ctx context.Context, id uint64, stop bool) error {

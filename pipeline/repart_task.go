@@ -205,19 +205,7 @@ func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	// The task is its head's only sender: it is its own output port.
 	core := &taskCore{h: h, ports: []port{rt}, counters: rt.cnt.flush, cp: rt}
 	for {
-		if err := core.readNotes(ctx); err != nil {
-			return err
-		}
-		if ok, stop, err := core.takeTriggered(ctx); ok {
-			if err != nil {
-				return err
-			}
-			if stop {
-				return core.finish(ctx)
-			}
-			continue
-		}
-		if err := ctx.Err(); err != nil {
+		if done, err := core.beforePoll(ctx); done {
 			return err
 		}
 		pctx := h.PollContext(ctx)

@@ -192,19 +192,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		return err
 	}
 	for {
-		if err := core.readNotes(ctx); err != nil {
-			return err
-		}
-		if ok, stop, err := core.takeTriggered(ctx); ok {
-			if err != nil {
-				return err
-			}
-			if stop {
-				return core.finish(ctx)
-			}
-			continue
-		}
-		if err := ctx.Err(); err != nil {
+		if done, err := core.beforePoll(ctx); done {
 			return err
 		}
 		if st.faulty {

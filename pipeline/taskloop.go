@@ -101,6 +101,27 @@ func (c *taskCore) takeTriggered(ctx context.Context) (ok, stop bool, err error)
 	return true, stop, c.checkpoint(ctx, id, stop)
 }
 
+// beforePoll is what a task that starts the stream does before each poll:
+// it hands the task its notes and takes the checkpoints triggered at it.
+// done reports that the task must return err: it failed, its context
+// ended, or it took a stop checkpoint and finished (finishedLoop ran).
+func (c *taskCore) beforePoll(ctx context.Context) (done bool, err error) {
+	for {
+		if err := c.readNotes(ctx); err != nil {
+			return true, err
+		}
+		ok, stop, err := c.takeTriggered(ctx)
+		switch {
+		case err != nil:
+			return true, err
+		case stop:
+			return true, c.finish(ctx)
+		case !ok:
+			return ctx.Err() != nil, ctx.Err()
+		}
+	}
+}
+
 // idle publishes the task's counters and flushes its partial output
 // batches: the task is about to wait.
 func (c *taskCore) idle(ctx context.Context) error {
