@@ -328,7 +328,7 @@ func (kt *keyedTask[K, T, U]) run(ctx context.Context, h *runtime.Handle) (err e
 
 // process implements inputTask: it runs the function on every record of
 // the batch, under the record's key.
-func (kt *keyedTask[K, T, U]) process(ctx context.Context, m *message[krec[K, T]]) error {
+func (kt *keyedTask[K, T, U]) process(ctx context.Context, m message[krec[K, T]]) error {
 	batch, keys, traces := *m.batch, *m.keys, m.traces
 	kstart := uint32(0)
 	for i := range batch {

@@ -374,7 +374,7 @@ func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) 
 }
 
 // process implements inputTask.
-func (st *stageTask[T]) process(ctx context.Context, m *message[srec[T]]) error {
+func (st *stageTask[T]) process(ctx context.Context, m message[srec[T]]) error {
 	for i := range *m.batch {
 		r := &(*m.batch)[i]
 		st.env.cnt.in++

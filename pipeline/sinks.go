@@ -292,7 +292,7 @@ func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 }
 
 // process implements inputTask: it writes the batch's records.
-func (st *sinkTask[T]) process(ctx context.Context, m *message[rec[T]]) error {
+func (st *sinkTask[T]) process(ctx context.Context, m message[rec[T]]) error {
 	for i := range *m.batch {
 		st.cnt.in++
 		var err error

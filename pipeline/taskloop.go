@@ -151,7 +151,7 @@ type inputTask[R any] interface {
 	checkpointed
 	// process handles the records of a data message (the loop returns
 	// the batch to its pool afterwards).
-	process(ctx context.Context, m *message[R]) error
+	process(ctx context.Context, m message[R]) error
 	// advanced is called when the combined input watermark rose to wm,
 	// before wm is passed on (a keyed subtask fires its event timers);
 	// wm is math.MaxInt64 once every input ended.
@@ -245,7 +245,7 @@ func (l *inputLoop[R]) run(ctx context.Context) error {
 		}
 		switch m.kind {
 		case msgData:
-			if err := l.t.process(ctx, &m); err != nil {
+			if err := l.t.process(ctx, m); err != nil {
 				return err
 			}
 			l.in.recycle(m)
