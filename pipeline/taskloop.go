@@ -212,7 +212,7 @@ func newInputLoop[R any](h *runtime.Handle, in *inbox[R], t inputTask[R], ports 
 		in:       in, t: t, al: newAligner(senders), wm: wm, gauge: gauge, senders: senders,
 	}
 	if watermarks {
-		l.wms = newInputWatermarks(senders, math.MinInt64)
+		l.wms = newInputWatermarks(senders, wm)
 	}
 	return l
 }
