@@ -148,18 +148,16 @@ func (sh *broadcastShared) newState(uid string) *broadcastState {
 	return &broadcastState{sh: sh, uid: uid, maps: map[string]*bmap{}}
 }
 
-// emitAll sends r to every subtask (a broadcast record).
-func (p *keyedPort[K, T]) emitAll(ctx context.Context, r krec[K, T]) error {
+// emitAll sends r, whose key encodes to kb, to every subtask (a broadcast
+// record).
+func (p *keyedPort[K, T]) emitAll(ctx context.Context, r krec[K, T], kb []byte) error {
 	for sub := range p.ins {
-		b := p.bufs[sub]
-		if b == nil {
-			b = getBatch[krec[K, T]](p.pool)
-			p.bufs[sub] = b
+		n, err := p.add(sub, r, kb)
+		if err != nil {
+			return err
 		}
-		*b = append(*b, r)
-		if len(*b) >= batchSize {
-			p.bufs[sub] = nil
-			if err := p.ins[sub].push(ctx, p.sender, message[krec[K, T]]{kind: msgData, batch: b, traces: p.takeTraces(sub)}); err != nil {
+		if n >= batchSize {
+			if err := p.send(ctx, sub); err != nil {
 				return err
 			}
 		}

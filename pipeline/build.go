@@ -308,9 +308,10 @@ func endPorts(ctx context.Context, ps []port) error {
 }
 
 // finishedLoop is where a task waits after its input ended or it passed a
-// stop barrier: it answers checkpoint triggers with snapshot (of its now
-// quiescent state), handles notes, and returns when the job closes.
-func finishedLoop(ctx context.Context, h *runtime.Handle, snapshot func(id uint64) (runtime.Ack, error), onNote func(runtime.Note) error) error {
+// stop barrier: it answers checkpoint triggers with cp's snapshot (of its
+// now quiescent state), hands cp the notes, and returns when the job
+// closes.
+func finishedLoop(ctx context.Context, h *runtime.Handle, cp checkpointed) error {
 	h.Finish()
 	var notes []runtime.Note
 	for {
@@ -319,12 +320,12 @@ func finishedLoop(ctx context.Context, h *runtime.Handle, snapshot func(id uint6
 		closing := h.Closing()
 		notes = h.Notes(notes[:0])
 		for _, n := range notes {
-			if err := onNote(n); err != nil {
+			if err := cp.note(ctx, n); err != nil {
 				return err
 			}
 		}
 		if id, _, ok := h.Trigger(); ok {
-			a, err := snapshot(id)
+			a, err := cp.snapshot(ctx, id)
 			if err != nil {
 				return err
 			}

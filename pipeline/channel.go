@@ -33,6 +33,9 @@ type message[R any] struct {
 	id    uint64
 	wm    int64
 	batch *[]R
+	// keys, for a batch of krec, holds the records' encoded keys end to
+	// end (krec.kend); it goes back to inbox.keys with the batch.
+	keys *[]byte
 	// traces lists the batch's traced records (hooks.go), nil when none.
 	traces []tracedAt
 }
@@ -65,6 +68,7 @@ type inbox[R any] struct {
 	notify chan struct{}   // receiver wake-up, cap 1
 	space  []chan struct{} // per-sender wake-up, cap 1; grows under mu (addSender)
 	pool   *sync.Pool      // of *[]R with capacity batchSize
+	keys   *sync.Pool      // of the batches' key arenas (message.keys); nil when they have none
 	// blocked[sender], when set, accumulates the nanoseconds the sender
 	// waited for room (backpressure; hooks.go). Guarded by mu.
 	blocked []*atomic.Int64
@@ -123,14 +127,16 @@ type popResult uint8
 const (
 	popMessage popResult = iota
 	popWake
+	popEvent
 	popTimer
 	popDone
 )
 
 // pop returns the next message of an unblocked sender, round robin. Before
 // blocking it calls idle (to flush partial output batches); it returns
-// popWake, popTimer or popDone when wake, timer or ctx fire first.
-func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
+// popWake, popEvent, popTimer or popDone when wake, events, timer or ctx
+// fire first (a nil channel never does).
+func (in *inbox[R]) pop(ctx context.Context, wake, events <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
 	idled := false
 	for {
 		in.mu.Lock()
@@ -159,12 +165,34 @@ func (in *inbox[R]) pop(ctx context.Context, wake <-chan struct{}, timer <-chan 
 		case <-in.notify:
 		case <-wake:
 			return 0, message[R]{}, popWake, nil
+		case <-events:
+			return 0, message[R]{}, popEvent, nil
 		case <-timer:
 			return 0, message[R]{}, popTimer, nil
 		case <-ctx.Done():
 			return 0, message[R]{}, popDone, ctx.Err()
 		}
 	}
+}
+
+// recycle returns a processed data message's batch (and key arena) to
+// their pools.
+func (in *inbox[R]) recycle(m message[R]) {
+	putBatch(in.pool, m.batch)
+	if m.keys != nil {
+		in.keys.Put(m.keys)
+	}
+}
+
+// pushAll pushes m from sender to every inbox of ins (a barrier, a
+// watermark or the end of stream of a port to many subtasks).
+func pushAll[R any](ctx context.Context, ins []*inbox[R], sender int, m message[R]) error {
+	for _, in := range ins {
+		if err := in.push(ctx, sender, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (in *inbox[R]) block(sender int) {

@@ -129,4 +129,19 @@
 // keyed state changes and sink pre-commits go into one atomic checkpoint
 // commit, and a restarted job resumes from the latest one. See package
 // runtime for the protocol and package sink for the sink contracts.
+//
+// Inside a job, a task is one of two kinds. A task that starts the stream
+// (a source split's) polls its reader and takes each checkpoint between
+// two polls, when the coordinator triggers it. A task fed by other tasks
+// (a keyed subtask, a parallel stage's subtask, a sink) reads one queue per
+// sender: it blocks a sender whose barrier arrived until every live
+// sender's did (senders that ended count as aligned), then takes the
+// checkpoint; its watermark is the minimum over its senders that are
+// neither idle nor ended. Both kinds take a checkpoint the same way —
+// output flushed (and, across workers, acknowledged by the broker), the
+// task's snapshot acknowledged, then the barrier sent on — so that what a
+// checkpoint holds is exactly what went before its barrier. A keyed
+// record's key is encoded once, by the sending task, which needs the
+// bytes for the key group; they travel with the record to the keyed
+// subtask's state.
 package pipeline

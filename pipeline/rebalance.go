@@ -229,12 +229,7 @@ func (p *rrPort[T]) broadcast(ctx context.Context, m message[srec[T]]) error {
 	if err := p.flush(ctx); err != nil {
 		return err
 	}
-	for _, in := range p.ins {
-		if err := in.push(ctx, p.sender, m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pushAll(ctx, p.ins, p.sender, m)
 }
 
 func (p *rrPort[T]) barrier(ctx context.Context, id uint64, stop bool) error {
@@ -348,7 +343,8 @@ func parallelStage[T, U any](s *Stream[T], uid, kind string, opts []OperatorOpti
 	return &Stream[U]{n: n}
 }
 
-// stageTask is one subtask of a parallel stage.
+// stageTask is one subtask of a parallel stage: the inputTask of its
+// inputLoop (taskloop.go), driving the stage's operator.
 type stageTask[T any] struct {
 	n   *node
 	env *stageEnv
@@ -360,13 +356,9 @@ type stageTask[T any] struct {
 }
 
 func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %v", ErrPanic, p)
-		}
-	}()
-	b, op, ops := st.env.b, st.op, st.env.state
-	if err := ops.restore(); err != nil {
+	defer recoverTask(&err)
+	op := st.op
+	if err := st.env.state.restore(); err != nil {
 		return fmt.Errorf("restore operator state: %w", err)
 	}
 	defer func() {
@@ -377,249 +369,62 @@ func (st *stageTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) 
 	if err := op.open(ctx); err != nil {
 		return fmt.Errorf("open: %w", err)
 	}
-	ports := b.ports
-	senders := st.in.senderCount() // discovery may add senders (discovery.go)
-	al := newAligner(senders)
-	wms := newInputWatermarks(senders, math.MinInt64)
-	wm := int64(math.MinInt64)
-	wmGauge := st.n.stats.Watermark(st.env.sub)
-	var notes []runtime.Note
-	onNote := func(runtime.Note) error { return nil } // operator state is written whole by every checkpoint
-	snapshot := func(id uint64) (runtime.Ack, error) {
-		if err := op.snapshot(id); err != nil {
-			return runtime.Ack{}, fmt.Errorf("snapshot operator state: %w", err)
-		}
-		part, err := ops.part()
-		if err != nil {
-			return runtime.Ack{}, fmt.Errorf("snapshot operator state: %w", err)
-		}
-		return runtime.Ack{Part: part}, nil
-	}
-	finish := func() error { return finishedLoop(ctx, h, snapshot, onNote) }
-	aligned := func() (bool, error) {
-		if err := flushPorts(ctx, ports); err != nil {
-			return false, err
-		}
-		if err := syncPorts(ctx, ports); err != nil {
-			return false, err
-		}
-		b.flushCounters()
-		a, err := snapshot(al.done)
-		if err != nil {
-			return false, err
-		}
-		h.Ack(al.done, a)
-		if err := barrierPorts(ctx, ports, al.done, al.maxStop); err != nil {
-			return false, err
-		}
-		st.in.unblockAll()
-		if al.maxStop {
-			op.stopped()
-		}
-		return al.maxStop, nil
-	}
-	advance := func() error {
-		cur, idle := wms.combined(al.eos)
-		if !idle && wms.outIdle {
-			wms.outIdle = false
-			if err := op.watermark(ctx, max(wm, activeNoWatermark)); err != nil {
-				return err
-			}
-		}
-		if cur > wm {
-			wm = cur
-			wmGauge.Store(wm)
-			if wm == math.MaxInt64 {
-				return nil // the end of input: forwarded as EOS
-			}
-			if err := op.watermark(ctx, wm); err != nil {
-				return err
-			}
-			wms.outIdle = false
-		}
-		if idle && !wms.outIdle {
-			wms.outIdle = true
-			return op.watermark(ctx, idleWatermark)
-		}
-		return nil
-	}
-	idle := func() error {
-		b.flushCounters()
-		return flushPorts(ctx, ports)
-	}
-	events := op.events()
-	// drain runs once every input ended: while the operator has work
-	// outstanding, checkpoints reach the task by trigger only (no input
-	// brings barriers any more), and it sends their barriers on as a
-	// source does; then it ends its output.
-	drain := func() error {
-		for op.pending() {
-			if id, stop, ok := h.Trigger(); ok {
-				if err := flushPorts(ctx, ports); err != nil {
-					return err
-				}
-				if err := syncPorts(ctx, ports); err != nil {
-					return err
-				}
-				b.flushCounters()
-				a, err := snapshot(id)
-				if err != nil {
-					return err
-				}
-				h.Ack(id, a)
-				if err := barrierPorts(ctx, ports, id, stop); err != nil {
-					return err
-				}
-				if stop {
-					op.stopped()
-					return finish()
-				}
-				continue
-			}
-			if err := idle(); err != nil { // pass the results on before waiting
-				return err
-			}
-			select {
-			case <-h.Wake():
-				notes = h.Notes(notes[:0])
-			case <-events:
-				if err := op.onEvent(ctx); err != nil {
-					return err
-				}
-			case <-op.timer():
-				if err := op.onTimer(ctx); err != nil {
-					return err
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		if err := idle(); err != nil {
-			return err
-		}
-		if err := endPorts(ctx, ports); err != nil {
-			return err
-		}
-		return finish()
-	}
-	cnt := st.env.cnt
-	for {
-		s, m, res, err := st.in.popWith(ctx, h.Wake(), events, op.timer(), idle)
-		switch res {
-		case popWake:
-			notes = h.Notes(notes[:0])
-			continue
-		case popEvent:
-			if err := op.onEvent(ctx); err != nil {
-				return err
-			}
-			continue
-		case popTimer:
-			if err := op.onTimer(ctx); err != nil {
-				return err
-			}
-			continue
-		case popDone:
-			return err
-		}
-		if m.kind != msgData {
-			// A sender added by discovery must be aligned (and hold the
-			// watermark back) even before it sends anything.
-			if n := st.in.senderCount(); n > senders {
-				senders = n
-				al.grow(senders)
-				wms.grow(senders)
-			}
-		}
-		switch m.kind {
-		case msgData:
-			for i := range *m.batch {
-				r := &(*m.batch)[i]
-				cnt.in++
-				if err := op.process(ctx, r.v, r.ts); err != nil {
-					return err
-				}
-			}
-			putBatch(st.in.pool, m.batch)
-		case msgWatermark:
-			if wms.update(s, m.wm) {
-				if err := advance(); err != nil {
-					return err
-				}
-			}
-		case msgBarrier:
-			if al.barrier(s, m.id, m.stop, st.in.block, st.in.unblock) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-		case msgEOS:
-			if al.end(s) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-			if al.allEnded() {
-				if err := advance(); err != nil {
-					return err
-				}
-				return drain()
-			}
-			if err := advance(); err != nil {
-				return err
-			}
-		}
-	}
+	b := st.env.b
+	return newInputLoop(h, st.in, inputTask[srec[T]](st), b.ports, b.flushCounters, true, math.MinInt64, st.n.stats.Watermark(st.env.sub)).run(ctx)
 }
 
-// popEvent is popWith's result when its extra channel fired.
-const popEvent popResult = 255
-
-// popWith is pop with an extra wake-up channel and a timer: it returns
-// popEvent or popTimer when one fires before a message is available.
-func (in *inbox[R]) popWith(ctx context.Context, wake <-chan struct{}, extra <-chan struct{}, timer <-chan time.Time, idle func() error) (int, message[R], popResult, error) {
-	idled := false
-	for {
-		in.mu.Lock()
-		n := len(in.mu.q)
-		for i := range n {
-			j := (in.mu.next + i) % n
-			if in.mu.blocked[j] || in.mu.q[j].n == 0 {
-				continue
-			}
-			m := in.mu.q[j].pop()
-			in.mu.next = (j + 1) % n
-			space := in.space[j]
-			in.mu.Unlock()
-			poke(space)
-			return j, m, popMessage, nil
-		}
-		in.mu.Unlock()
-		if !idled && idle != nil {
-			idled = true
-			if err := idle(); err != nil {
-				return 0, message[R]{}, popDone, err
-			}
-			continue
-		}
-		select {
-		case <-in.notify:
-		case <-wake:
-			return 0, message[R]{}, popWake, nil
-		case <-extra:
-			return 0, message[R]{}, popEvent, nil
-		case <-timer:
-			return 0, message[R]{}, popTimer, nil
-		case <-ctx.Done():
-			return 0, message[R]{}, popDone, ctx.Err()
+// process implements inputTask.
+func (st *stageTask[T]) process(ctx context.Context, m message[srec[T]]) error {
+	for i := range *m.batch {
+		r := &(*m.batch)[i]
+		st.env.cnt.in++
+		if err := st.op.process(ctx, r.v, r.ts); err != nil {
+			return err
 		}
 	}
+	return nil
 }
+
+// snapshot implements checkpointed: the operator's state.
+func (st *stageTask[T]) snapshot(_ context.Context, id uint64) (runtime.Ack, error) {
+	if err := st.op.snapshot(id); err != nil {
+		return runtime.Ack{}, fmt.Errorf("snapshot operator state: %w", err)
+	}
+	part, err := st.env.state.part()
+	if err != nil {
+		return runtime.Ack{}, fmt.Errorf("snapshot operator state: %w", err)
+	}
+	return runtime.Ack{Part: part}, nil
+}
+
+// note implements checkpointed: operator state is written whole by every
+// checkpoint, there is nothing to do.
+func (st *stageTask[T]) note(context.Context, runtime.Note) error { return nil }
+
+// advanced implements inputTask: a stage has no event timers.
+func (st *stageTask[T]) advanced(context.Context, int64) error { return nil }
+
+// watermark implements inputTask: the operator passes watermarks on, in
+// order with its output.
+func (st *stageTask[T]) watermark(ctx context.Context, wm int64) error {
+	return st.op.watermark(ctx, wm)
+}
+
+// wakeups implements inputTask: the operator's completions and timeouts.
+func (st *stageTask[T]) wakeups(context.Context) (<-chan struct{}, <-chan time.Time, error) {
+	return st.op.events(), st.op.timer(), nil
+}
+
+// wakeup implements inputTask.
+func (st *stageTask[T]) wakeup(ctx context.Context, timer bool) error {
+	if timer {
+		return st.op.onTimer(ctx)
+	}
+	return st.op.onEvent(ctx)
+}
+
+// outstanding implements inputTask.
+func (st *stageTask[T]) outstanding() bool { return st.op.pending() }
+
+// stopped implements inputTask.
+func (st *stageTask[T]) stopped() { st.op.stopped() }

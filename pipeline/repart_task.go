@@ -104,6 +104,7 @@ type repartTask[K comparable, T any] struct {
 	wm      int64 // last watermark forwarded
 	outIdle bool
 	batch   *[]krec[K, T]
+	keys    *[]byte // batch's encoded keys (message.keys)
 	cnt     *counter
 }
 
@@ -152,47 +153,59 @@ func (rt *repartTask[K, T]) push(ctx context.Context, m message[krec[K, T]]) err
 	return rt.in.push(ctx, rt.sender, m)
 }
 
-func (rt *repartTask[K, T]) flushBatch(ctx context.Context) error {
+// flush implements port: the head's partial batch goes to its inbox.
+func (rt *repartTask[K, T]) flush(ctx context.Context) error {
 	if rt.batch == nil || len(*rt.batch) == 0 {
 		return nil
 	}
-	b := rt.batch
-	rt.batch = nil
+	b, ks := rt.batch, rt.keys
+	rt.batch, rt.keys = nil, nil
 	rt.cnt.flush()
-	return rt.push(ctx, message[krec[K, T]]{kind: msgData, batch: b})
+	return rt.push(ctx, message[krec[K, T]]{kind: msgData, batch: b, keys: ks})
 }
 
+// barrier implements port.
+func (rt *repartTask[K, T]) barrier(ctx context.Context, id uint64, stop bool) error {
+	if err := rt.flush(ctx); err != nil {
+		return err
+	}
+	return rt.push(ctx, message[krec[K, T]]{kind: msgBarrier, id: id, stop: stop})
+}
+
+// watermark implements port.
+func (rt *repartTask[K, T]) watermark(ctx context.Context, wm int64) error {
+	if err := rt.flush(ctx); err != nil {
+		return err
+	}
+	return rt.push(ctx, message[krec[K, T]]{kind: msgWatermark, wm: wm})
+}
+
+// end implements port.
+func (rt *repartTask[K, T]) end(ctx context.Context) error {
+	if err := rt.flush(ctx); err != nil {
+		return err
+	}
+	return rt.push(ctx, message[krec[K, T]]{kind: msgEOS})
+}
+
+// snapshot implements checkpointed: the task's position in the
+// repartition queue.
+func (rt *repartTask[K, T]) snapshot(context.Context, uint64) (runtime.Ack, error) {
+	return runtime.Ack{Offsets: map[string][]byte{checkpoint.SplitKey(rt.n.uid, rt.key): rt.src.pos.encode()}}, nil
+}
+
+// note implements checkpointed: nothing to do.
+func (rt *repartTask[K, T]) note(context.Context, runtime.Note) error { return nil }
+
 func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %v", ErrPanic, p)
-		}
-	}()
+	defer recoverTask(&err)
 	defer h.ReleasePollContext()
 	maxP := rt.r.job.cfg.maxParallelism
 	kgStart, kgEnd := rt.r.keyGroupsOf(rt.n, 0)
-	snapshot := func(uint64) (runtime.Ack, error) {
-		return runtime.Ack{Offsets: map[string][]byte{checkpoint.SplitKey(rt.n.uid, rt.key): rt.src.pos.encode()}}, nil
-	}
-	onNote := func(runtime.Note) error { return nil }
-	var notes []runtime.Note
+	// The task is its head's only sender: it is its own output port.
+	core := &taskCore{h: h, ports: []port{rt}, counters: rt.cnt.flush, cp: rt}
 	for {
-		notes = h.Notes(notes[:0])
-		if id, stop, ok := h.Trigger(); ok {
-			if err := rt.flushBatch(ctx); err != nil {
-				return err
-			}
-			a, _ := snapshot(id)
-			h.Ack(id, a)
-			if err := rt.push(ctx, message[krec[K, T]]{kind: msgBarrier, id: id, stop: stop}); err != nil {
-				return err
-			}
-			if stop {
-				return finishedLoop(ctx, h, snapshot, onNote)
-			}
-			continue
-		}
-		if err := ctx.Err(); err != nil {
+		if done, err := core.beforePoll(ctx); done {
 			return err
 		}
 		pctx := h.PollContext(ctx)
@@ -201,7 +214,7 @@ func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			return err
 		}
 		if !ok {
-			if err := rt.flushBatch(ctx); err != nil {
+			if err := rt.flush(ctx); err != nil {
 				return err
 			}
 			continue
@@ -224,13 +237,14 @@ func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err err
 				return fmt.Errorf("decode record from repartition: %w", err)
 			}
 			if rt.batch == nil {
-				rt.batch = getBatch[krec[K, T]](rt.pool)
+				rt.batch, rt.keys = getBatch[krec[K, T]](rt.pool), getKeys(rt.in.keys)
 			}
-			*rt.batch = append(*rt.batch, krec[K, T]{k: k, v: v, ts: ts, kg: kg})
+			*rt.keys = append(*rt.keys, kb...) // bounded: kb is part of one broker message
+			*rt.batch = append(*rt.batch, krec[K, T]{k: k, v: v, ts: ts, kg: kg, kend: uint32(len(*rt.keys))})
 			rt.cnt.in++
 			rt.cnt.out++
 			if len(*rt.batch) >= batchSize {
-				if err := rt.flushBatch(ctx); err != nil {
+				if err := rt.flush(ctx); err != nil {
 					return err
 				}
 			}
@@ -245,13 +259,7 @@ func (rt *repartTask[K, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			return err
 		}
 		if !slices.Contains(rt.ended, false) {
-			if err := rt.flushBatch(ctx); err != nil {
-				return err
-			}
-			if err := rt.push(ctx, message[krec[K, T]]{kind: msgEOS}); err != nil {
-				return err
-			}
-			return finishedLoop(ctx, h, snapshot, onNote)
+			return core.end(ctx)
 		}
 	}
 }
@@ -264,19 +272,13 @@ func (rt *repartTask[K, T]) advance(ctx context.Context) error {
 		if rt.outIdle {
 			return nil
 		}
-		if err := rt.flushBatch(ctx); err != nil {
-			return err
-		}
 		rt.outIdle = true
-		return rt.push(ctx, message[krec[K, T]]{kind: msgWatermark, wm: idleWatermark})
+		return rt.watermark(ctx, idleWatermark)
 	}
 	if wm == math.MaxInt64 || (wm <= rt.wm && !rt.outIdle) || wm <= activeNoWatermark {
 		return nil
 	}
-	if err := rt.flushBatch(ctx); err != nil {
-		return err
-	}
 	rt.outIdle = false
 	rt.wm = max(rt.wm, wm)
-	return rt.push(ctx, message[krec[K, T]]{kind: msgWatermark, wm: rt.wm})
+	return rt.watermark(ctx, rt.wm)
 }

@@ -147,6 +147,7 @@ func newSinkNode[T any](j *Job, uid string, sk sink.Sink[T], inputs ...*node) *n
 }
 
 type sinkTask[T any] struct {
+	inputDefaults
 	n     *node
 	uid   string
 	sk    sink.Sink[T]
@@ -154,6 +155,7 @@ type sinkTask[T any] struct {
 	async sink.AsyncCommitter // tpc's, when it commits in the background
 	in    *inbox[rec[T]]
 	h     *runtime.Handle // set by run
+	cnt   *counter        // set by run
 	// pending are pre-committed transactions not started (or failed);
 	// committing are those started (async) and not yet waited for. Both
 	// stay listed in every checkpoint until h.Resolved.
@@ -173,6 +175,8 @@ type startedCommit struct {
 	start time.Time
 }
 
+// snapshot implements checkpointed: the sink's flush or pre-commit, and its
+// operator state.
 func (st *sinkTask[T]) snapshot(ctx context.Context, id uint64) (runtime.Ack, error) {
 	a, err := st.snapshotSink(ctx, id)
 	if err == nil && st.ops != nil {
@@ -202,11 +206,11 @@ func (st *sinkTask[T]) snapshotSink(ctx context.Context, id uint64) (runtime.Ack
 	return runtime.Ack{Pending: []checkpoint.PendingCommit{pc}}, nil
 }
 
-// onNote commits, after checkpoint n completed, every transaction
-// pre-committed for a checkpoint up to n (failed checkpoints' transactions
-// ride along with the next one). An AsyncCommitter's commits are only
-// started: settle waits for them.
-func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.Note) error {
+// note implements checkpointed: it commits, after checkpoint n completed,
+// every transaction pre-committed for a checkpoint up to n (failed
+// checkpoints' transactions ride along with the next one). An
+// AsyncCommitter's commits are only started: settle waits for them.
+func (st *sinkTask[T]) note(ctx context.Context, n runtime.Note) error {
 	if !n.Completed || st.tpc == nil {
 		return nil
 	}
@@ -234,7 +238,7 @@ func (st *sinkTask[T]) onNote(ctx context.Context, h *runtime.Handle, n runtime.
 			kept = append(kept, pc)
 			continue
 		}
-		h.Resolved(pc)
+		st.h.Resolved(pc)
 	}
 	st.pending = kept
 	return nil
@@ -267,103 +271,42 @@ func (st *sinkTask[T]) settle(ctx context.Context) {
 
 func (st *sinkTask[T]) run(ctx context.Context, h *runtime.Handle) (err error) {
 	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %v", ErrPanic, p)
-		}
 		if cerr := st.sk.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("sink %q: close: %w", st.uid, cerr)
 		}
 	}()
+	defer recoverTask(&err)
 	st.h = h
 	if err := st.initOpState(); err != nil { // opstate.go
 		return err
 	}
-	cnt := &counter{stats: st.n.stats}
-	senders := st.in.senderCount() // discovery may add senders (discovery.go)
-	al := newAligner(senders)
-	var notes []runtime.Note
-	onNote := func(n runtime.Note) error { return st.onNote(ctx, h, n) }
-	snapshot := func(id uint64) (runtime.Ack, error) { return st.snapshot(ctx, id) }
-	finish := func() error {
-		if err := finishedLoop(ctx, h, snapshot, onNote); err != nil {
-			return err
-		}
-		st.settle(ctx)
-		if len(st.pending) > 0 {
-			return fmt.Errorf("sink %q: %d transactions could not be committed (they stay pending in the checkpoint)", st.uid, len(st.pending))
-		}
-		return nil
+	st.cnt = &counter{stats: st.n.stats}
+	if err := newInputLoop(h, st.in, inputTask[rec[T]](st), nil, st.cnt.flush, false, 0, nil).run(ctx); err != nil {
+		return err
 	}
-	aligned := func() (bool, error) {
-		a, err := st.snapshot(ctx, al.done)
-		if err != nil {
-			return false, err
-		}
-		h.Ack(al.done, a)
-		st.in.unblockAll()
-		return al.maxStop, nil
+	st.settle(ctx)
+	if len(st.pending) > 0 {
+		return fmt.Errorf("sink %q: %d transactions could not be committed (they stay pending in the checkpoint)", st.uid, len(st.pending))
 	}
-	idle := func() error { cnt.flush(); return nil }
-	write := st.sk.Write
-	for {
-		s, m, res, err := st.in.pop(ctx, h.Wake(), nil, idle)
-		switch res {
-		case popWake:
-			notes = h.Notes(notes[:0])
-			for _, n := range notes {
-				if err := onNote(n); err != nil {
-					return err
-				}
-			}
-			continue
-		case popDone, popTimer:
-			return err
-		}
-		if m.kind == msgBarrier || m.kind == msgEOS {
-			// A sender added by discovery must be aligned even before it sends.
-			if n := st.in.senderCount(); n > senders {
-				senders = n
-				al.grow(senders)
-			}
-		}
-		switch m.kind {
-		case msgData:
-			for i := range *m.batch {
-				cnt.in++
-				if r := &(*m.batch)[i]; r.tr != nil {
-					err = st.writeTraced(ctx, r) // hooks.go
-				} else {
-					err = callErr(ctx, sinkRetry, write, ctx, r.v)
-				}
-				if err != nil {
-					return fmt.Errorf("sink %q: write: %w", st.uid, err)
-				}
-			}
-			putBatch(st.in.pool, m.batch)
-		case msgBarrier:
-			if al.barrier(s, m.id, m.stop, st.in.block, st.in.unblock) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-		case msgEOS:
-			if al.end(s) {
-				stop, err := aligned()
-				if err != nil {
-					return err
-				}
-				if stop {
-					return finish()
-				}
-			}
-			if al.allEnded() {
-				cnt.flush()
-				return finish()
-			}
-		}
-	}
+	return nil
 }
+
+// process implements inputTask: it writes the batch's records.
+func (st *sinkTask[T]) process(ctx context.Context, m message[rec[T]]) error {
+	for i := range *m.batch {
+		st.cnt.in++
+		var err error
+		if r := &(*m.batch)[i]; r.tr != nil {
+			err = st.writeTraced(ctx, r) // hooks.go
+		} else {
+			err = callErr(ctx, sinkRetry, st.sk.Write, ctx, r.v)
+		}
+		if err != nil {
+			return fmt.Errorf("sink %q: write: %w", st.uid, err)
+		}
+	}
+	return nil
+}
+
+// watermark implements inputTask: a sink takes no watermarks.
+func (st *sinkTask[T]) watermark(context.Context, int64) error { return nil }

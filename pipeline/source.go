@@ -163,21 +163,23 @@ type sourceTask[S, T any] struct {
 	tsOf     func(T) time.Time
 	wm       *splitWatermarks
 	tr       *sourceTracer // hooks.go
-	log      interface {
+	reader   source.SplitReader[S]
+	// faulty: the OffsetsBeforeState failpoint is on: snapshots take the
+	// offset before the last poll (prevOffset).
+	faulty     bool
+	prevOffset []byte
+	log        interface {
 		Warn(msg string, args ...any)
 	}
 }
 
 func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: %v", ErrPanic, p)
-		}
-	}()
+	defer recoverTask(&err)
 	reader, err := st.src.Open(ctx, st.split, st.restored)
 	if err != nil {
 		return fmt.Errorf("open split %s: %w", st.split.ID, err)
 	}
+	st.reader = reader
 	defer func() {
 		if cerr := reader.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close split %s: %w", st.split.ID, cerr)
@@ -185,59 +187,17 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 	}()
 	defer h.ReleasePollContext()
 	ports := st.b.ports
-	faulty := failpoint.Enabled && st.job.cfg.faults.OffsetsBeforeState
-	var prevOffset []byte
-	offsets := func() map[string][]byte {
-		off := reader.Offset()
-		if faulty && prevOffset != nil {
-			off = prevOffset
-		}
-		return map[string][]byte{st.key: off}
-	}
-	onNote := func(n runtime.Note) error {
-		if n.Completed {
-			// Not fatal: the offsets are durable in the checkpoint; the
-			// failure is logged and counted (HookSourceNotify).
-			err := reader.NotifyCheckpointComplete(ctx, n.ID)
-			st.tr.hooks.onSourceNotify(st.tr.info.Source, st.split.ID, n.ID, err)
-			if err != nil {
-				st.log.Warn("source checkpoint notification failed", "split", st.key, "checkpoint", n.ID, "err", err)
-			}
-		}
-		return nil
-	}
-	snapshot := func(uint64) (runtime.Ack, error) { return runtime.Ack{Offsets: offsets(), Part: st.wm.part()}, nil }
-	var notes []runtime.Note
+	core := &taskCore{h: h, ports: ports, counters: st.b.flushCounters, cp: st}
+	st.faulty = failpoint.Enabled && st.job.cfg.faults.OffsetsBeforeState
 	if err := st.wm.start(ctx, ports); err != nil {
 		return err
 	}
 	for {
-		notes = h.Notes(notes[:0])
-		for _, n := range notes {
-			_ = onNote(n) // never fails
-		}
-		if id, stop, ok := h.Trigger(); ok {
-			st.tr.barrier(id)
-			if err := flushPorts(ctx, ports); err != nil {
-				return err
-			}
-			if err := syncPorts(ctx, ports); err != nil {
-				return err
-			}
-			h.Ack(id, runtime.Ack{Offsets: offsets(), Part: st.wm.part()})
-			if err := barrierPorts(ctx, ports, id, stop); err != nil {
-				return err
-			}
-			if stop {
-				return finishedLoop(ctx, h, snapshot, onNote)
-			}
-			continue
-		}
-		if err := ctx.Err(); err != nil {
+		if done, err := core.beforePoll(ctx); done {
 			return err
 		}
-		if faulty {
-			prevOffset = reader.Offset()
+		if st.faulty {
+			st.prevOffset = reader.Offset()
 		}
 		pctx, cancel := st.wm.pollContext(h.PollContext(ctx))
 		recs, perr := reader.Poll(pctx, batchSize)
@@ -266,10 +226,7 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 		case perr == nil:
 		case errors.Is(perr, source.ErrEndOfSplit):
 			st.wm.ended()
-			if err := endPorts(ctx, ports); err != nil {
-				return err
-			}
-			return finishedLoop(ctx, h, snapshot, onNote)
+			return core.end(ctx)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case interrupted:
@@ -278,6 +235,32 @@ func (st *sourceTask[S, T]) run(ctx context.Context, h *runtime.Handle) (err err
 			return fmt.Errorf("poll split %s: %w", st.split.ID, perr)
 		}
 	}
+}
+
+// snapshot implements checkpointed: the split's offset and watermark. The
+// records read after it belong to the next checkpoint.
+func (st *sourceTask[S, T]) snapshot(_ context.Context, id uint64) (runtime.Ack, error) {
+	st.tr.barrier(id)
+	off := st.reader.Offset()
+	if st.faulty && st.prevOffset != nil {
+		off = st.prevOffset
+	}
+	return runtime.Ack{Offsets: map[string][]byte{st.key: off}, Part: st.wm.part()}, nil
+}
+
+// note implements checkpointed: the reader learns of completed
+// checkpoints. It never fails: the offsets are durable in the checkpoint;
+// a failure is logged and counted (HookSourceNotify).
+func (st *sourceTask[S, T]) note(ctx context.Context, n runtime.Note) error {
+	if !n.Completed {
+		return nil
+	}
+	err := st.reader.NotifyCheckpointComplete(ctx, n.ID)
+	st.tr.hooks.onSourceNotify(st.tr.info.Source, st.split.ID, n.ID, err)
+	if err != nil {
+		st.log.Warn("source checkpoint notification failed", "split", st.key, "checkpoint", n.ID, "err", err)
+	}
+	return nil
 }
 
 func (st *sourceTask[S, T]) process(ctx context.Context, recs []source.Record[S]) error {
