@@ -361,7 +361,11 @@ func (f *Follower) start(ctx context.Context, fw *followed) (start, end int64, e
 		return 0, 0, err
 	}
 	hint, herr := f.c.QueryConsumerOffset(ctx, f.group, fw.q)
-	if herr == nil && hint >= end {
+	if herr == nil && hint >= end && hint > 0 {
+		// (A hint of 0 on an empty queue is what Apache RocketMQ 4.9
+		// answers for a group that never committed an offset: not a
+		// sign of loss.)
+		//
 		// A writer stores the hint after reading its record back: the
 		// record existed, and a queue never shrinks but by losing data (a
 		// slave promoted without the latest records, a store restored from
