@@ -491,34 +491,14 @@ func asBooleanExpr(n node) (node, error) {
 	return nil, checkErr("Expression will not result in a boolean value: %s", n)
 }
 
-func (p *parser) orExpr() (node, error) {
-	left, err := p.andExpr()
-	if err != nil {
-		return nil, err
-	}
-	for {
-		k, err := p.peekKind(0)
-		if err != nil {
-			return nil, err
-		}
-		if k != tOr {
-			return left, nil
-		}
-		if _, err := p.take(tOr); err != nil {
-			return nil, err
-		}
-		right, err := p.andExpr()
-		if err != nil {
-			return nil, err
-		}
-		if left, err = logic(false, left, right); err != nil {
-			return nil, err
-		}
-	}
-}
+func (p *parser) orExpr() (node, error) { return p.logicChain(tOr, p.andExpr) }
 
-func (p *parser) andExpr() (node, error) {
-	left, err := p.equalityExpr()
+func (p *parser) andExpr() (node, error) { return p.logicChain(tAnd, p.equalityExpr) }
+
+// logicChain parses operand (op operand)*, left-associative, for op tAnd
+// or tOr.
+func (p *parser) logicChain(op tokKind, operand func() (node, error)) (node, error) {
+	left, err := operand()
 	if err != nil {
 		return nil, err
 	}
@@ -527,17 +507,17 @@ func (p *parser) andExpr() (node, error) {
 		if err != nil {
 			return nil, err
 		}
-		if k != tAnd {
+		if k != op {
 			return left, nil
 		}
-		if _, err := p.take(tAnd); err != nil {
+		if _, err := p.take(op); err != nil {
 			return nil, err
 		}
-		right, err := p.equalityExpr()
+		right, err := operand()
 		if err != nil {
 			return nil, err
 		}
-		if left, err = logic(true, left, right); err != nil {
+		if left, err = logic(op == tAnd, left, right); err != nil {
 			return nil, err
 		}
 	}
