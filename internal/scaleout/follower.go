@@ -33,6 +33,9 @@ type Follower struct {
 	c     *client.Client
 	group string
 	log   *slog.Logger
+	// betweenReads, when set (by this package's tests), runs between
+	// start's read of the hint and its read of the queue's bounds.
+	betweenReads func()
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -352,6 +355,14 @@ func (f *Follower) fail(fw *followed, err error) {
 // when nothing was ever deleted from it. It returns that offset and the
 // queue's end.
 func (f *Follower) start(ctx context.Context, fw *followed) (start, end int64, err error) {
+	// The hint is read before the queue's bounds: the owner may append a
+	// record and store its offset as the hint at any moment, and a bound
+	// read before that hint would be older than it (a live chain taken for
+	// a truncated one).
+	hint, herr := f.c.QueryConsumerOffset(ctx, f.group, fw.q)
+	if f.betweenReads != nil {
+		f.betweenReads()
+	}
 	end, err = f.c.MaxOffset(ctx, fw.q)
 	if err != nil {
 		return 0, 0, err
@@ -360,7 +371,6 @@ func (f *Follower) start(ctx context.Context, fw *followed) (start, end int64, e
 	if err != nil {
 		return 0, 0, err
 	}
-	hint, herr := f.c.QueryConsumerOffset(ctx, f.group, fw.q)
 	if herr == nil && hint >= end && hint > 0 {
 		// (A hint of 0 on an empty queue is what Apache RocketMQ 4.9
 		// answers for a group that never committed an offset: not a

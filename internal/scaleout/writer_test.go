@@ -222,3 +222,46 @@ func TestWriterReusesLocalStore(t *testing.T) {
 		t.Fatalf("reused store\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestFollowerStartsBesideLiveOwner: a reader starts following a task
+// while its owner publishes (and stores the hint) between the reader's
+// reads of the hint and of the queue's bounds. The reader must not take the
+// live chain for a truncated one: with the bounds read first, the newer
+// hint named the record just past a stale end (CI saw "ends at 19 but ...
+// confirmed at offset 19" in the scale-out demo).
+func TestFollowerStartsBesideLiveOwner(t *testing.T) {
+	r := newRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, _, _ := r.newOwner(ctx, "A", filepath.Join(t.TempDir(), "a"), 1000)
+	for id := uint64(1); id <= 3; id++ {
+		if err := a.commit(ctx, id, kvPart{"k": fmt.Sprint(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := NewFollower(r.cl.NewClient(t, client.WithInstanceName("reader")), r.group, nil)
+	t.Cleanup(func() { _ = f.Close() })
+	published := false
+	f.betweenReads = func() {
+		if !published {
+			published = true
+			if err := a.commit(ctx, 4, kvPart{"k": "4"}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	f.Follow(r.log.Task, r.log.Commit)
+	if err := f.Ready(ctx, r.log.Task); err != nil {
+		t.Fatalf("reader started beside the live owner: %v", err)
+	}
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		v, err := f.View(r.log.Task)
+		if err != nil {
+			return err
+		}
+		if v.Latest == nil || v.Latest.Seq != 4 {
+			return fmt.Errorf("reader's latest record %+v, want checkpoint 4", v.Latest)
+		}
+		return nil
+	})
+}
