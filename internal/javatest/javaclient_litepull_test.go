@@ -108,6 +108,9 @@ func testJavaClientLitePull(t *testing.T, version string) {
 	}
 
 	assigned.wait(t)
+	for _, e := range assigned.kind("seek-retry") {
+		t.Logf("assign: seek retried after a timeout: %v", e["error"])
+	}
 	got3, _ := polled(assigned)
 	for id := range got3 {
 		if !want[id] {

@@ -287,6 +287,27 @@ final class Consumers {
     // id, as DefaultLitePullConsumer.committed reads them). Assign mode
     // assigns every queue of T, then applies --seek; subscribe mode waits
     // for the rebalance to assign queues before --seek.
+    // seekPatiently is c.seek(q, off), which asks the broker for the
+    // queue's bounds with the client's 6 s RPC timeout. On a loaded test
+    // machine one such call can time out; a timeout is retried (and told as
+    // a "seek-retry" event) until the deadline, any other error is not.
+    static void seekPatiently(DefaultLitePullConsumer c, MessageQueue q, long off, long deadline) throws Exception {
+        while (true) {
+            try {
+                c.seek(q, off);
+                return;
+            } catch (Exception e) {
+                boolean timeout = false;
+                for (Throwable t = e; t != null; t = t.getCause()) {
+                    if (t.getClass().getSimpleName().contains("Timeout")) timeout = true;
+                    if (t.getCause() == t) break;
+                }
+                if (!timeout || System.currentTimeMillis() >= deadline) throw e;
+                emit(obj("ev", "seek-retry", "queue", q.getQueueId(), "error", Driver.describe(e)));
+            }
+        }
+    }
+
     public static void litepull(Args a) throws Exception {
         clientProperties(a);
         String topic = a.req("topic");
@@ -321,7 +342,7 @@ final class Consumers {
             for (String s : a.get("seek", "").split(",")) {
                 String[] qo = s.split(":");
                 for (MessageQueue q : targets) {
-                    if (q.getQueueId() == Integer.parseInt(qo[0])) c.seek(q, Long.parseLong(qo[1]));
+                    if (q.getQueueId() == Integer.parseInt(qo[0])) seekPatiently(c, q, Long.parseLong(qo[1]), deadline);
                 }
             }
         }

@@ -80,7 +80,7 @@ public final class Driver {
             cmd.invoke(null, a);
         } catch (Throwable e) {
             Throwable cause = e instanceof java.lang.reflect.InvocationTargetException ? e.getCause() : e;
-            emit(obj("ev", "error", "error", cause.toString()));
+            emit(obj("ev", "error", "error", describe(cause)));
             cause.printStackTrace(System.err);
             System.out.flush();
             System.exit(1);
@@ -90,6 +90,17 @@ public final class Driver {
     }
 
     // ---- plumbing ---------------------------------------------------------
+
+    // describe is e and its causes, outermost first: the client's own
+    // messages ("Invoke Broker[...] exception") say little without them.
+    static String describe(Throwable e) {
+        StringBuilder b = new StringBuilder(e.toString());
+        int depth = 0;
+        for (Throwable c = e.getCause(); c != null && c != e && depth < 8; c = c.getCause(), depth++) {
+            b.append(" <- caused by ").append(c);
+        }
+        return b.toString();
+    }
 
     static long cpuNanos() {
         java.lang.management.OperatingSystemMXBean os = ManagementFactory.getOperatingSystemMXBean();
