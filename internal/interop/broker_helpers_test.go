@@ -22,6 +22,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/runnel-dev/runnel/internal/failpoint"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -101,7 +102,11 @@ func runOutsideRace(t *testing.T, opts ...broker.Option) bool {
 	env := startBrokerEnv(t, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool(), "test", "-count=1", "-run", "^"+t.Name()+"$", ".")
+	args := []string{"test", "-count=1", "-run", "^" + t.Name() + "$"}
+	if failpoint.Enabled {
+		args = append(args, "-tags", "failpoints") // as this binary was built
+	}
+	cmd := exec.CommandContext(ctx, goTool(), append(args, ".")...)
 	cmd.Env = append(os.Environ(), envParentBroker+"="+env.nsAddr+","+env.addr)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -314,6 +314,7 @@ func testScaleoutETLKill(t *testing.T, control bool) {
 	rng := rand.New(rand.NewPCG(seed, 23))
 	mode := ""
 	if control {
+		requireFailpoints(t)
 		mode = "read-uncommitted"
 	}
 	e := newSOEnv(t, 100_000, seed, mode)
@@ -389,7 +390,14 @@ func runWithoutRace(t *testing.T, run string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool(), "test", "-count=1", "-timeout=10m", "-run", run, "-v", ".")
+	args := []string{"test", "-count=1", "-timeout=10m", "-run", run, "-v"}
+	if failpoint.Enabled {
+		// The child must have the faults of the control variants and the
+		// phase hooks of the kill points too: without the tag they are
+		// compiled out and a control cannot fail.
+		args = append(args, "-tags", "failpoints")
+	}
+	cmd := exec.CommandContext(ctx, goTool(), append(args, ".")...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s in a child built without -race: %v\n%s", run, err, out)

@@ -72,11 +72,17 @@ func TestScaleoutZombie(t *testing.T) {
 func testScaleoutZombie(t *testing.T, control bool) {
 	mode := ""
 	if control {
+		requireFailpoints(t)
 		mode = "skip-confirm"
 	}
-	// A paused client expires after 3 s, its locks after 2 s.
+	// A paused client expires after 3 s, its locks after 2 s. Half
+	// messages are checked back after a minute, not newSOEnv's second: the
+	// pause is longer than that, and a check-back (answered by B from the
+	// commit chain) would roll back A's in-flight halves before A resumes,
+	// so that even the control's unconfirmed commits would find nothing to
+	// commit; here A's own protocol alone must fence it.
 	e := newSOEnv(t, 40_000, testSeedSO(t), mode, broker.WithClientExpiry(3*time.Second, 250*time.Millisecond),
-		broker.WithLockExpiry(2*time.Second))
+		broker.WithLockExpiry(2*time.Second), broker.WithTransactionTimeout(time.Minute))
 	dirs := []string{e.newDir(), e.newDir()}
 	workers := []*soChild{e.start("zA", dirs[0], ""), e.start("zB", dirs[1], "")}
 	defer stopAll(workers)
