@@ -728,7 +728,7 @@ func (w *worker) lockLoop(ctx context.Context) {
 				ms, _ = w.gc.Members(ctx, tr.q.Topic)
 				members[tr.q.Topic] = ms
 			}
-			if lapsed || ms != nil {
+			if (lapsed || ms != nil) && !(failpoint.Enabled && w.cfg.scaleFaults.KeepLostLocks) {
 				w.log.Warn("queue lock lost: stopping its task before its next commit; it runs again once the lock is back", "task", tr.id.String())
 				w.handoff(tr.id.String(), "fenced", "queue lock lost")
 				tr.loseLock()

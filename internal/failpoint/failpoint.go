@@ -32,6 +32,10 @@ type Scaleout struct {
 	// SkipConfirm: a task's published checkpoint counts without reading
 	// its commit chain back, so a fenced owner goes on committing.
 	SkipConfirm bool
+	// KeepLostLocks: a task whose broker queue lock was lost (refused at
+	// renewal to another member, or lapsed) goes on running and publishing
+	// instead of stopping before its next commit.
+	KeepLostLocks bool
 }
 
 // Tx are defects of the exactly-once RocketMQ sink (sink/rocketmq).

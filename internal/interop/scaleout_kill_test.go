@@ -90,7 +90,7 @@ func TestScaleoutETLChild(t *testing.T) {
 	case "read-uncommitted":
 		wopts = append(wopts, scaleoutFaults(failpoint.Scaleout{ReadUncommitted: true})...)
 	case "skip-confirm":
-		wopts = append(wopts, scaleoutFaults(failpoint.Scaleout{SkipConfirm: true})...)
+		wopts = append(wopts, scaleoutFaults(failpoint.Scaleout{SkipConfirm: true, KeepLostLocks: true})...)
 	}
 	err = etl.Run(ctx, c, etl.Config{In: soIn, Out: soOut, DLQ: soDLQ, Group: soJob, StateDir: os.Getenv(envSODir),
 		CheckpointInterval: interval, Ranges: 8, SinkOptions: sinkOpts, WorkerOptions: wopts,

@@ -56,9 +56,13 @@ func workerID(name string) string { return "127.0.0.1@" + name }
 // (SIGCONT): whatever A had in flight or tries to commit afterwards is
 // fenced by B's claims (A's commit records are invalid for every reader,
 // its sink transactions roll back), so the oracle finds every order exactly
-// once. The control lets a worker's publish count without reading its
-// commit chain back: the resumed A commits its stale epoch's output on top
-// of B's, and the oracle must find the duplicates.
+// once. The control takes both of A's fences away: a publish counts
+// without reading its commit chain back, and a task whose queue lock was
+// lost goes on running (with only the first, the lock check stopped the
+// resumed A before its next commit in most runs, so that the control
+// failed only when A resumed inside a commit). The resumed A then commits
+// its stale epoch's output on top of B's, and the oracle must find the
+// duplicates.
 func TestScaleoutZombie(t *testing.T) {
 	if raceEnabled {
 		runWithoutRace(t, "^TestScaleoutZombie$")
