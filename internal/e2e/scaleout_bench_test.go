@@ -309,8 +309,9 @@ func (w *soWatch) pending() []string {
 }
 
 // tailOutput reads every queue of topic from its current end, calling
-// w.output for each record, until ctx ends.
-func tailOutput(ctx context.Context, b *testing.B, c *client.Client, topic string, w *soWatch, wg *sync.WaitGroup) {
+// seen with each record's task and owner epoch (its runnel.task and
+// runnel.owner properties), until ctx ends.
+func tailOutput(ctx context.Context, b *testing.B, c *client.Client, topic string, seen func(task string, owner uint64, at time.Time), wg *sync.WaitGroup) {
 	r, err := c.RefreshRoute(ctx, topic)
 	if err != nil {
 		b.Fatal(err)
@@ -335,7 +336,7 @@ func tailOutput(ctx context.Context, b *testing.B, c *client.Client, topic strin
 					task, _ := m.Property(mqsink.PropTask)
 					ow, _ := m.Property(mqsink.PropOwner)
 					owner, _ := strconv.ParseUint(ow, 10, 64)
-					w.output(task, owner, now)
+					seen(task, owner, now)
 				}
 				if res.NextBeginOffset > off {
 					off = res.NextBeginOffset
@@ -345,20 +346,30 @@ func tailOutput(ctx context.Context, b *testing.B, c *client.Client, topic strin
 	}
 }
 
-func runSOFailover(b *testing.B, sb *soBroker, seq, standbys, kills int, res *soFailoverResult) {
+// soSteadyJob is examples/etl's job (8-queue input, 8 ranges: 16 tasks)
+// under a steady 500 orders/s, its workers child processes on state
+// directories of their own.
+type soSteadyJob struct {
+	b                 *testing.B
+	sb                *soBroker
+	job, in, out, dlq string
+	standbys          int
+	dir               string
+	workers           []*soProc
+	addrs             []string
+	tasks             []string // every task: the source's, then the keyed stage's
+}
+
+// newSOSteadyJob creates the job's topics and starts its input (until ctx
+// ends, joined by wg) and n workers.
+func newSOSteadyJob(ctx context.Context, b *testing.B, sb *soBroker, wg *sync.WaitGroup, job string, n, standbys int) *soSteadyJob {
 	b.Helper()
-	job := fmt.Sprintf("so_fail_%d_s%d", seq, standbys)
-	in, out, dlq := job+"_in", job+"_out", job+"_dlq"
-	sb.createTopic(b, in, soQueues)
-	sb.createTopic(b, out, soQueues)
-	sb.createTopic(b, dlq, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
-	route, err := sb.c.RefreshRoute(ctx, in)
+	j := &soSteadyJob{b: b, sb: sb, job: job, in: job + "_in", out: job + "_out", dlq: job + "_dlq", standbys: standbys, dir: b.TempDir(),
+		workers: make([]*soProc, n), addrs: make([]string, n)}
+	sb.createTopic(b, j.in, soQueues)
+	sb.createTopic(b, j.out, soQueues)
+	sb.createTopic(b, j.dlq, 2)
+	route, err := sb.c.RefreshRoute(ctx, j.in)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -367,7 +378,7 @@ func runSOFailover(b *testing.B, sb *soBroker, seq, standbys, kills int, res *so
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer p.Close()
+	b.Cleanup(func() { p.Close() })
 	wg.Go(func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
@@ -377,39 +388,58 @@ func runSOFailover(b *testing.B, sb *soBroker, seq, standbys, kills int, res *so
 				return
 			case <-t.C:
 			}
-			if err := etl.Produce(ctx, sb.c, p, in, etl.SampleOrders(50, soCustomers, 100, i), nil); err != nil && ctx.Err() == nil {
+			if err := etl.Produce(ctx, sb.c, p, j.in, etl.SampleOrders(50, soCustomers, 100, i), nil); err != nil && ctx.Err() == nil {
 				b.Errorf("input: %v", err)
 				return
 			}
 		}
 	})
-	dir := b.TempDir()
-	cfg := func(i int) soChildConfig {
-		name := fmt.Sprintf("w%d", i)
-		return soChildConfig{Role: "etl", Namesrv: sb.ns, Dir: filepath.Join(dir, name), Instance: job + "-" + name,
-			Job: job, In: in, Out: out, DLQ: dlq, Interval: etl.DefaultInterval, Standbys: standbys}
+	for i := range n {
+		j.start(i)
 	}
-	workers := make([]*soProc, 3)
-	addrs := make([]string, 3)
-	start := func(i int) {
-		workers[i] = startSOProc(b, fmt.Sprintf("%s-w%d", job, i), cfg(i))
-		addrs[i] = workers[i].line(b, soLineStatus, time.Minute)[0]
-	}
-	for i := range workers {
-		start(i)
-	}
-	var tasks []string
 	for _, q := range route.SubscribeQueues() {
-		tasks = append(tasks, scaleout.TaskID{Stage: etl.UIDSource, Broker: q.BrokerName, Queue: q.QueueID}.String())
+		j.tasks = append(j.tasks, scaleout.TaskID{Stage: etl.UIDSource, Broker: q.BrokerName, Queue: q.QueueID}.String())
 	}
-	keyedRanges := pipeline.DefaultRanges
-	keyedQueues, err := scaleout.KeyedLayout(ctx, sb.c, keyedRanges)
+	keyedQueues, err := scaleout.KeyedLayout(ctx, sb.c, pipeline.DefaultRanges)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, q := range keyedQueues.Queues(scaleout.TopicName(job, etl.UIDEnrich, scaleout.KindRepart)) {
-		tasks = append(tasks, scaleout.TaskID{Stage: etl.UIDEnrich, Broker: q.BrokerName, Queue: q.QueueID}.String())
+		j.tasks = append(j.tasks, scaleout.TaskID{Stage: etl.UIDEnrich, Broker: q.BrokerName, Queue: q.QueueID}.String())
 	}
+	return j
+}
+
+// start (re)starts worker i on its state directory (a new one when i is
+// past the last) and waits for its status address.
+func (j *soSteadyJob) start(i int) {
+	if i == len(j.workers) {
+		j.workers, j.addrs = append(j.workers, nil), append(j.addrs, "")
+	}
+	name := fmt.Sprintf("w%d", i)
+	cfg := soChildConfig{Role: "etl", Namesrv: j.sb.ns, Dir: filepath.Join(j.dir, name), Instance: j.job + "-" + name,
+		Job: j.job, In: j.in, Out: j.out, DLQ: j.dlq, Interval: etl.DefaultInterval, Standbys: j.standbys}
+	j.workers[i] = startSOProc(j.b, fmt.Sprintf("%s-w%d", j.job, i), cfg)
+	j.addrs[i] = j.workers[i].line(j.b, soLineStatus, time.Minute)[0]
+}
+
+// settle is soSettle over the job's live workers.
+func (j *soSteadyJob) settle(ctx context.Context) {
+	soSettle(j.b, ctx, j.addrs, j.workers, j.tasks, j.standbys)
+}
+
+func runSOFailover(b *testing.B, sb *soBroker, seq, standbys, kills int, res *soFailoverResult) {
+	b.Helper()
+	job := fmt.Sprintf("so_fail_%d_s%d", seq, standbys)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	j := newSOSteadyJob(ctx, b, sb, &wg, job, 3, standbys)
+	workers, addrs, tasks, out := j.workers, j.addrs, j.tasks, j.out
+	start := j.start
 	// The source tasks' commit chains, followed here as any worker does.
 	fol := scaleout.NewFollower(sb.c, job, nil)
 	defer fol.Close()
@@ -423,7 +453,7 @@ func runSOFailover(b *testing.B, sb *soBroker, seq, standbys, kills int, res *so
 		}
 	}
 	w := &soWatch{waits: map[string]*soWait{}}
-	tailOutput(ctx, b, sb.c, out, w, &wg)
+	tailOutput(ctx, b, sb.c, out, w.output, &wg)
 	rng := rand.New(rand.NewPCG(uint64(seq), uint64(standbys)))
 	for k := range kills {
 		soSettle(b, ctx, addrs, workers, tasks, standbys)
