@@ -269,27 +269,13 @@ func runAsyncCrash(t *testing.T, mode string, seed uint64, kills int, control bo
 		return time.Duration(2+lrng.IntN(6)) * time.Millisecond
 	})
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envAsyncChild+"="+mode, envDir+"="+dir, envAsyncURL+"="+svc.URL,
+		return startChildTest(t, "^$", control, envControl, envAsyncChild+"="+mode, envDir+"="+dir, envAsyncURL+"="+svc.URL,
 			envPar+"="+strconv.Itoa(1+rng.IntN(3)))
-		if control {
-			cmd.Env = append(cmd.Env, envControl+"=1")
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
 	}
 	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(500)) * time.Millisecond }, nil, markerPath(dir))
-	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(keySum) []byte { return nil },
-		func(dst []byte, _ keySum) ([]byte, error) { return dst, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kv.Close()
 	got := map[int64]keySum{}
-	for k, v := range kv.All() {
+	for ks, vs := range readKV(t, filepath.Join(dir, "kv")) {
+		k, v := []byte(ks), []byte(vs)
 		if len(k) != 8 || len(v) != 16 {
 			t.Fatalf("KV entry %x=%x", k, v)
 		}

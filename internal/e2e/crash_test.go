@@ -125,29 +125,10 @@ func runCrashSchedule(t *testing.T, seed uint64, kills int, control bool) map[ui
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 1))
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
-		if control {
-			cmd.Env = append(cmd.Env, envControl+"=1")
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
+		return startChildTest(t, "^$", control, envControl, envChild+"=1", envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
 	}
 	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(400)) * time.Millisecond }, nil, markerPath(dir))
-	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
-		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kv.Close()
-	got := make(map[uint64]int64)
-	for k, v := range kv.All() {
-		got[binary.BigEndian.Uint64(k)] = int64(binary.BigEndian.Uint64(v))
-	}
-	return got
+	return readCounts(t, filepath.Join(dir, "kv"))
 }
 
 func expectedCounts() map[uint64]int64 {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -114,3 +115,31 @@ func (m *checkpointMarker) OnCheckpointEnd(_ string, info runtime.CheckpointInfo
 
 // markerPath is the checkpoint marker of the child runs sharing dir.
 func markerPath(dir string) string { return filepath.Join(dir, "checkpointed") }
+
+// startChildTest starts this test binary again as a child running the
+// tests that match run, with env added to this process's environment (and
+// controlEnv=1 for a control variant); its stderr is this process's.
+func startChildTest(t *testing.T, run string, control bool, controlEnv string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run="+run)
+	cmd.Env = append(os.Environ(), env...)
+	if control {
+		cmd.Env = append(cmd.Env, controlEnv+"=1")
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// readCounts returns the per-key counts that a job wrote to the KV sink in
+// dir as big-endian uint64 keys and values.
+func readCounts(t *testing.T, dir string) map[uint64]int64 {
+	t.Helper()
+	got := make(map[uint64]int64)
+	for k, v := range readKV(t, dir) {
+		got[binary.BigEndian.Uint64([]byte(k))] = int64(binary.BigEndian.Uint64([]byte(v)))
+	}
+	return got
+}

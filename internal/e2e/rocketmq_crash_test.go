@@ -175,17 +175,7 @@ func runMQCrashSchedule(t *testing.T, e *mqEnv, seed uint64, kills int, control 
 		return cmd
 	}
 	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, out.String, markerPath(dir))
-	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
-		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kv.Close()
-	got := make(map[uint64]int64)
-	for k, v := range kv.All() {
-		got[binary.BigEndian.Uint64(k)] = int64(binary.BigEndian.Uint64(v))
-	}
-	return got
+	return readCounts(t, filepath.Join(dir, "kv"))
 }
 
 // mqCrashInput starts the broker and preloads 100k keyed records (key

@@ -101,19 +101,11 @@ func runSavepointKill(t *testing.T, control bool, pick func(t *testing.T, dir st
 	dir := t.TempDir()
 	statusFile := filepath.Join(dir, "status-addr")
 	start := func(restore string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir, envPar+"=2", envSPStatus+"="+statusFile)
+		env := []string{envChild + "=1", envDir + "=" + dir, envPar + "=2", envSPStatus + "=" + statusFile}
 		if restore != "" {
-			cmd.Env = append(cmd.Env, envSPRestore+"="+restore)
+			env = append(env, envSPRestore+"="+restore)
 		}
-		if control {
-			cmd.Env = append(cmd.Env, envControl+"=1")
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
+		return startChildTest(t, "^$", control, envControl, env...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -163,25 +155,7 @@ func runSavepointKill(t *testing.T, control bool, pick func(t *testing.T, dir st
 		<-done
 		t.Fatal("restored run did not finish")
 	}
-	kv, err := sink.NewKV(filepath.Join(dir, "kv"), func(counted) []byte { return nil },
-		func(dst []byte, _ counted) ([]byte, error) { return dst, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kv.Close()
-	got := make(map[uint64]int64)
-	for k, v := range kv.All() {
-		got[beUint64(k)] = int64(beUint64(v))
-	}
-	return got
-}
-
-func beUint64(b []byte) uint64 {
-	var x uint64
-	for _, c := range b {
-		x = x<<8 | uint64(c)
-	}
-	return x
+	return readCounts(t, filepath.Join(dir, "kv"))
 }
 
 func pickSavepoint(_ *testing.T, _ string, sp uint64) string { return strconv.FormatUint(sp, 10) }

@@ -362,16 +362,7 @@ func runTwoInputCrash(t *testing.T, kind string, seed uint64, kills int, control
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 26))
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestTwoInputChild$")
-		cmd.Env = append(os.Environ(), envTwoChild+"="+kind, envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
-		if control {
-			cmd.Env = append(cmd.Env, envTwoControl+"=1")
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
+		return startChildTest(t, "^TestTwoInputChild$", control, envTwoControl, envTwoChild+"="+kind, envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
 	}
 	killLoop(t, kills, start, func() time.Duration { return time.Duration(100+rng.IntN(400)) * time.Millisecond }, nil, markerPath(dir))
 	got := make(map[int64]tally)

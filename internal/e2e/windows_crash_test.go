@@ -150,16 +150,7 @@ func runWindowsCrash(t *testing.T, seed uint64, kills int, control bool) (result
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(seed, 2))
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestWindowsChild$")
-		cmd.Env = append(os.Environ(), envWinChild+"=1", envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
-		if control {
-			cmd.Env = append(cmd.Env, envWinControl+"=1")
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
+		return startChildTest(t, "^TestWindowsChild$", control, envWinControl, envWinChild+"=1", envDir+"="+dir, envPar+"="+strconv.Itoa(1+rng.IntN(3)))
 	}
 	killLoop(t, kills, start, func() time.Duration { return time.Duration(150+rng.IntN(500)) * time.Millisecond }, nil, markerPath(dir))
 	return readKV(t, filepath.Join(dir, "results")), readKV(t, filepath.Join(dir, "late"))
