@@ -70,10 +70,17 @@ func newRunnelProducer(tb testing.TB, c *client.Client, group string, opts ...cl
 	return p
 }
 
-// checkNoClientGoroutines waits until no goroutine runs code of runnel's
-// client package (every Client of the test must be closed by then). The
-// official client's goroutines, which outlive its Shutdown, are ignored.
+// checkNoClientGoroutines makes the test, once everything else of it was
+// cleaned up, wait until no goroutine runs code of runnel's client package:
+// every Client must be closed by then, the embedded cluster's own included
+// (registered first, this cleanup runs last). The official client's
+// goroutines, which outlive its Shutdown, are ignored.
 func checkNoClientGoroutines(tb testing.TB) {
+	tb.Helper()
+	tb.Cleanup(func() { noClientGoroutines(tb) })
+}
+
+func noClientGoroutines(tb testing.TB) {
 	tb.Helper()
 	const marker = "github.com/runnel-dev/runnel/transport/client."
 	var last string
@@ -169,6 +176,7 @@ func (l *ledger) sendHalfRunnel(tb testing.TB, p *client.Producer, e *expect) cl
 // their key, in send order; the delay-level message arrives after its
 // delay with DELAY cleared and REAL_TOPIC set.
 func TestRunnelProducerToOfficialConsumers(t *testing.T) {
+	checkNoClientGoroutines(t)
 	env := startBrokerEnv(t)
 	const queues = 4
 	topic := uniqueName("RtoO")
@@ -315,7 +323,6 @@ func TestRunnelProducerToOfficialConsumers(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	checkNoClientGoroutines(t)
 }
 
 // rgot is one delivery of a message to a runnel consumer.
@@ -487,6 +494,7 @@ func pullQueue(ctx context.Context, c *client.Client, r *rledger, member, group 
 // the Pull reader gets each message once, the two members together get each
 // once (each only from the queues its listener was given), all as sent.
 func TestOfficialProducerToRunnelConsumers(t *testing.T) {
+	checkNoClientGoroutines(t)
 	env := startBrokerEnv(t)
 	const queues = 4
 	topic := uniqueName("OtoR")
@@ -699,7 +707,6 @@ func TestOfficialProducerToRunnelConsumers(t *testing.T) {
 	if err := reader.Close(); err != nil {
 		t.Errorf("Client Close: %v", err)
 	}
-	checkNoClientGoroutines(t)
 }
 
 // visibleCount sums the max offsets of topic's queues: how many messages
@@ -729,6 +736,7 @@ func visibleCount(tb testing.TB, c *client.Client, topic string) int64 {
 // arrives exactly once, as sent, under its UNIQ_KEY; the rolled-back one is
 // never stored in the topic.
 func TestRunnelTransactionsToOfficialConsumer(t *testing.T) {
+	checkNoClientGoroutines(t)
 	env := startBrokerEnv(t)
 	topic := uniqueName("RTx")
 	createTopic(t, env, topic, 1)
@@ -798,7 +806,6 @@ func TestRunnelTransactionsToOfficialConsumer(t *testing.T) {
 			t.Errorf("Close: %v", err)
 		}
 	}
-	checkNoClientGoroutines(t)
 }
 
 // TestRunnelCheckListener leaves three half messages undecided; the broker
@@ -809,6 +816,7 @@ func TestRunnelTransactionsToOfficialConsumer(t *testing.T) {
 // gets the two committed messages exactly once and the rolled-back one
 // never.
 func TestRunnelCheckListener(t *testing.T) {
+	checkNoClientGoroutines(t)
 	env := startBrokerEnv(t, broker.WithTransactionCheckInterval(100*time.Millisecond),
 		broker.WithTransactionTimeout(500*time.Millisecond))
 	topic := uniqueName("RCheck")
@@ -894,5 +902,4 @@ func TestRunnelCheckListener(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	checkNoClientGoroutines(t)
 }
