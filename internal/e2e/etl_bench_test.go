@@ -106,18 +106,18 @@ func startETLBenchEnv(b *testing.B, n int) *etlEnv {
 	e.samples = etl.SampleOrders(n, 1000, 100, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	if err := preloadSamples(ctx, e); err != nil {
+	if err := preloadSamples(ctx, e, e.samples); err != nil {
 		b.Fatal(err)
 	}
 	return e
 }
 
 // preloadSamples produces e's samples to the input topic.
-func preloadSamples(ctx context.Context, e *etlEnv) error {
+func preloadSamples(ctx context.Context, e *etlEnv, samples []etl.Sample) error {
 	p, err := client.NewProducer(e.c, "etl_e2e_input")
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	return etl.Produce(ctx, e.c, p, etlIn, e.samples, nil)
+	return etl.Produce(ctx, e.c, p, etlIn, samples, nil)
 }

@@ -144,8 +144,27 @@ type etlEnv struct {
 
 func startETLEnv(t *testing.T, n int, seed uint64, bopts ...broker.Option) *etlEnv {
 	t.Helper()
+	e := newETLEnv(t, n, seed, bopts...)
+	e.produce(t, 0, n)
+	return e
+}
+
+// produce sends samples [from, to) to the input topic, in order.
+func (e *etlEnv) produce(t *testing.T, from, to int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	start := time.Now()
+	if err := preloadSamples(ctx, e, e.samples[from:to]); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("produced orders [%d, %d) in %v", from, to, time.Since(start).Round(time.Millisecond))
+}
+
+// newETLEnv is startETLEnv without the input: the n samples are drawn but
+// not produced.
+func newETLEnv(t *testing.T, n int, seed uint64, bopts ...broker.Option) *etlEnv {
+	t.Helper()
 	cl := testutil.RunCluster(t, bopts...)
 	ns, b := cl.Embedded.Namesrv(), cl.Broker
 	c, err := newMQClient(ns.Addr())
@@ -161,11 +180,6 @@ func startETLEnv(t *testing.T, n int, seed uint64, bopts ...broker.Option) *etlE
 		(&mqEnv{ns: ns, b: b, c: c}).createTopic(t, tp.name, tp.n)
 	}
 	e.samples = etl.SampleOrders(n, 1000, 100, seed)
-	start := time.Now()
-	if err := preloadSamples(ctx, e); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("produced %d orders in %v", n, time.Since(start).Round(time.Millisecond))
 	return e
 }
 

@@ -212,14 +212,17 @@ func TestE2ERetainedRestore(t *testing.T) {
 
 // TestE2EETLStopWithSavepoint: examples/etl (exactly-once RocketMQ sinks)
 // stopped with a savepoint mid-input (POST /savepoint?stop=true: Run
-// returns nil after the sinks committed), then resumed from that savepoint
-// by id (-restore) to the end: every valid order exactly once, each
+// returns nil after the sinks committed; only the first half of the input
+// is there until then, so that the stop cannot come after the end), then
+// resumed from that savepoint by id (-restore) to the end: every valid order exactly once, each
 // customer's running count exact (the E1 oracle). Restoring the same
 // savepoint once more, now that output past it is committed, fails with
 // sink.ErrOutputAhead (the documented refusal), writing nothing. (The
 // oracle's own control is TestE2EETLControl.)
 func TestE2EETLStopWithSavepoint(t *testing.T) {
-	e := startETLEnv(t, 20_000, testSeed(t))
+	const n = 20_000
+	e := newETLEnv(t, n, testSeed(t))
+	e.produce(t, 0, n/2)
 	dir := filepath.Join(t.TempDir(), "job")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -257,6 +260,7 @@ func TestE2EETLStopWithSavepoint(t *testing.T) {
 	if out >= valid {
 		t.Fatalf("the job read everything before the savepoint: the test does not test a resume")
 	}
+	e.produce(t, n/2, n)
 	resume := base
 	resume.Restore = strconv.FormatUint(sp.ID, 10)
 	cctx, stop := context.WithCancel(ctx)
