@@ -75,6 +75,7 @@ func TestJavaBrokerPushConsumer(t *testing.T) {
 			}
 		}
 		want[3] = []int32{0, 1}
+		started := time.Now()
 		testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -83,6 +84,7 @@ func TestJavaBrokerPushConsumer(t *testing.T) {
 			}
 			return nil
 		})
+		t.Logf("every selected message and the retried one delivered %v after Start", time.Since(started).Round(time.Millisecond))
 		if err := pc.Shutdown(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -43,6 +43,11 @@ const (
 	maxMembers    = 1 << 16 // member ids accepted from one consumer list
 	maxLockRetry  = 2 * time.Second
 	firstLockWait = 100 * time.Millisecond
+	// retryRouteWait is how long after Start a group whose retry topic has
+	// no route yet rebalances as often as one waiting for a lock: the
+	// broker creates that topic on the group's first heartbeat, and a Java
+	// broker tells the name server a moment later, after Start's lookup.
+	retryRouteWait = time.Minute
 )
 
 // RebalanceListener is told about changes of a GroupConsumer's assignment.
@@ -279,6 +284,9 @@ type GroupConsumer struct {
 	group string
 	cfg   groupConfig
 	log   *slog.Logger
+
+	// retryRouteUntil: see retryRouteWait (the rebalance goroutine's).
+	retryRouteUntil time.Time
 
 	trigger  chan struct{} // coalesced rebalance requests (cap 1)
 	lostKick chan struct{} // lock loop → rebalance goroutine: a lock was lost (cap 1)
@@ -582,6 +590,7 @@ func (g *GroupConsumer) owns(q protocol.MessageQueue) bool {
 // closes first, then rebalances on triggers. It is the only caller of the
 // listener while the GroupConsumer runs.
 func (g *GroupConsumer) rebalanceLoop(ctx context.Context, first chan<- struct{}) {
+	g.retryRouteUntil = time.Now().Add(retryRouteWait)
 	pending := g.rebalance(ctx)
 	close(first)
 	retry := firstLockWait
@@ -656,6 +665,9 @@ func (g *GroupConsumer) rebalance(ctx context.Context) (pending bool) {
 		if err != nil {
 			if isRetryTopic(topic) && errors.Is(err, protocol.ErrTopicNotExist) {
 				g.log.Debug("client: the group's retry topic has no route yet", "topic", topic)
+				if time.Now().Before(g.retryRouteUntil) {
+					pending = true // look again soon, not in a rebalance interval
+				}
 			} else {
 				g.log.Warn("client: rebalance of topic failed; keeping its queues", "topic", topic, "err", err)
 			}
@@ -690,7 +702,7 @@ func (g *GroupConsumer) rebalance(ctx context.Context) (pending bool) {
 	}
 	if len(added) > 0 {
 		got := g.acquire(ctx, added)
-		pending = len(got) < len(added)
+		pending = pending || len(got) < len(added)
 		if len(got) > 0 {
 			changed = true
 			g.log.Info("client: queues assigned", "queues", len(got), "pending", len(added)-len(got))
