@@ -479,7 +479,10 @@ func TestBrokerHATransferRate(t *testing.T) {
 // the master delivers, retries and dead-letters is on the slave at the
 // same queue offsets.
 func TestBrokerHAScheduleRetryOnPair(t *testing.T) {
-	levels := WithDelayLevels([]time.Duration{150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond})
+	// Level 2 is long enough that the slave can be read before it is due
+	// on a loaded machine; the retries (level 3 on) and the last part's
+	// level 1 are short.
+	levels := WithDelayLevels([]time.Duration{150 * time.Millisecond, 2 * time.Second, 150 * time.Millisecond, 150 * time.Millisecond})
 	p := startPair(t, RoleSyncMaster, []Option{levels}, []Option{levels})
 	mc, sc := dial(t, p.master.Addr()), dial(t, p.slave.Addr())
 	createTopic(t, mc, "sched-t", 1)
@@ -494,10 +497,14 @@ func TestBrokerHAScheduleRetryOnPair(t *testing.T) {
 			t.Fatalf("SEND_OK for physical offset %d; the slave's log ends at %d", phys, end)
 		}
 	}
-	onSlave(send(t, mc, "sched-t", 0, []byte("delayed"), props(protocol.PropDelayLevel, "1")))
-	onSlave(send(t, mc, "sched-t", 0, []byte("timer"), props(protocol.PropTimerDelayMS, "300")))
-	if r := pull(t, sc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 0 {
+	sent := time.Now()
+	onSlave(send(t, mc, "sched-t", 0, []byte("delayed"), props(protocol.PropDelayLevel, "2")))
+	onSlave(send(t, mc, "sched-t", 0, []byte("timer"), props(protocol.PropTimerDelayMS, "2000")))
+	r := pull(t, sc, pullArgs{topic: "sched-t", max: 8})
+	if early := time.Since(sent) < 2*time.Second; early && len(r.msgs) != 0 {
 		t.Fatalf("the slave shows %d scheduled messages before they are due", len(r.msgs))
+	} else if !early {
+		t.Logf("the slave was read %v after the sends, past the delay: not checked before due", time.Since(sent).Round(time.Millisecond))
 	}
 	poll.Until(t, 15*time.Second, 10*time.Millisecond, func() error {
 		if r := pull(t, mc, pullArgs{topic: "sched-t", max: 8}); len(r.msgs) != 2 {
