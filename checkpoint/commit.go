@@ -42,6 +42,11 @@ type Writer struct {
 	buf2    []byte
 	changes int
 	live    bool
+	// pfx is the state prefix of (pfxUID, pfxKG) when pfxOK.
+	pfx    []byte
+	pfxUID string
+	pfxKG  uint16
+	pfxOK  bool
 }
 
 func (w *Writer) check(uid string, key []byte) error {
@@ -68,9 +73,23 @@ func (w *Writer) PutState(operatorUID string, keyGroup uint16, key, value []byte
 	if len(value) > MaxValueLen {
 		return fmt.Errorf("%w: state value of %d bytes (max %d)", ErrInvalid, len(value), MaxValueLen)
 	}
-	w.buf = append(appendStatePrefix(w.buf[:0], operatorUID, keyGroup), key...)
+	p := w.statePrefix(operatorUID, keyGroup)
+	op := w.b.SetDeferred(len(p)+len(key), len(value))
+	copy(op.Key[copy(op.Key, p):], key)
+	copy(op.Value, value)
 	w.changes++
-	return w.b.Set(w.buf, value, nil)
+	return op.Finish()
+}
+
+// statePrefix returns the store prefix of (operatorUID, keyGroup), kept
+// from the previous call when that was for the same pair (a part writes
+// its keys sorted, so in runs of one key group).
+func (w *Writer) statePrefix(operatorUID string, keyGroup uint16) []byte {
+	if !w.pfxOK || w.pfxKG != keyGroup || w.pfxUID != operatorUID {
+		w.pfx = appendStatePrefix(w.pfx[:0], operatorUID, keyGroup)
+		w.pfxUID, w.pfxKG, w.pfxOK = operatorUID, keyGroup, true
+	}
+	return w.pfx
 }
 
 // DeleteState records the deletion of key in (operatorUID, keyGroup).
@@ -232,9 +251,14 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	if c.CaptureBatch {
 		c.Batch = append(c.Batch[:0], b.Repr()...)
 	}
+	if err := s.rotateForLargeBatch(b); err != nil {
+		return Metadata{}, fmt.Errorf("checkpoint: commit %d: %w", c.ID, err)
+	}
+	entries := int(b.Count())
 	if err := b.Commit(pebble.Sync); err != nil {
 		return Metadata{}, fmt.Errorf("checkpoint: commit %d: %w", c.ID, err)
 	}
+	s.sinceRotate += entries
 	m.Duration = time.Since(start)
 	if invariants.Enabled {
 		if v, ok, err := s.get(keyLatest); err != nil || !ok || binary.BigEndian.Uint64(v) != c.ID {
@@ -245,6 +269,35 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	s.mu.history = append([]Metadata{m}, hist...)
 	s.mu.Unlock()
 	return m, nil
+}
+
+// rotateMinEntries is the size (in entries) from which a batch is
+// committed into a fresh memtable (see rotateForLargeBatch).
+const rotateMinEntries = 32 << 10
+
+// rotateForLargeBatch makes Pebble start a new memtable (and flush the
+// current one in the background) before b is committed, when b is large
+// and the current memtable holds earlier commits. A checkpoint rewrites
+// mostly the keys the previous ones wrote, and Pebble's skiplist insert
+// only stays cheap for sorted keys while nothing lies between them: into a
+// memtable that already holds older versions of the same keys, each key of
+// the batch costs a full search from the skiplist's head (most of a
+// 100k-key commit's time was that insert), into an empty one it costs
+// about a pointer update. The price is a flush per large checkpoint,
+// which Pebble runs in the background.
+func (s *Store) rotateForLargeBatch(b *pebble.Batch) error {
+	at := s.opts.rotateAt
+	if at <= 0 {
+		at = rotateMinEntries
+	}
+	if int(b.Count()) < at || s.sinceRotate == 0 {
+		return nil
+	}
+	if _, err := s.db.AsyncFlush(); err != nil {
+		return fmt.Errorf("rotate memtable: %w", err)
+	}
+	s.sinceRotate = 0
+	return nil
 }
 
 func (s *Store) writeOffsetsAndPending(b *pebble.Batch, c *Commit, m *Metadata) error {

@@ -47,6 +47,9 @@ type Options struct {
 	KeepCopies int
 	// readOnly opens a retained copy for reading (retain.go).
 	readOnly bool
+	// rotateAt is the batch size (entries) from which Commit rotates the
+	// memtable (0: rotateMinEntries); tests lower it.
+	rotateAt int
 }
 
 // Fingerprint identifies a job's state layout: changing it incompatibly makes
@@ -135,6 +138,10 @@ type Store struct {
 	// batch is Commit's batch, reset and reused by the next (guarded by
 	// commitMu); nil before the first Commit.
 	batch *pebble.Batch
+	// sinceRotate counts the entries committed since Commit last made
+	// Pebble rotate its memtable (guarded by commitMu; see
+	// rotateForLargeBatch).
+	sinceRotate int
 	// compactions runs requested range compactions (compact.go).
 	compactions compactor
 }
