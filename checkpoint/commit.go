@@ -284,7 +284,11 @@ const rotateMinEntries = 32 << 10
 // the batch costs a full search from the skiplist's head (most of a
 // 100k-key commit's time was that insert), into an empty one it costs
 // about a pointer update. The price is a flush per large checkpoint,
-// which Pebble runs in the background.
+// which Pebble runs in the background. While the memtable rotated last
+// time is still being flushed, the batch goes into the current memtable
+// as before: a rotation then would wait for that flush (Pebble stalls
+// writes while two full memtables are queued), and the commit should not
+// depend on how far a background flush got.
 func (s *Store) rotateForLargeBatch(b *pebble.Batch) error {
 	at := s.opts.rotateAt
 	if at <= 0 {
@@ -293,10 +297,19 @@ func (s *Store) rotateForLargeBatch(b *pebble.Batch) error {
 	if int(b.Count()) < at || s.sinceRotate == 0 {
 		return nil
 	}
-	if _, err := s.db.AsyncFlush(); err != nil {
+	if s.flushing != nil {
+		select {
+		case <-s.flushing:
+			s.flushing = nil
+		default:
+			return nil
+		}
+	}
+	flushed, err := s.db.AsyncFlush()
+	if err != nil {
 		return fmt.Errorf("rotate memtable: %w", err)
 	}
-	s.sinceRotate = 0
+	s.sinceRotate, s.flushing = 0, flushed
 	return nil
 }
 

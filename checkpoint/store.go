@@ -142,6 +142,9 @@ type Store struct {
 	// Pebble rotate its memtable (guarded by commitMu; see
 	// rotateForLargeBatch).
 	sinceRotate int
+	// flushing is closed when the memtable Commit rotated last has been
+	// flushed (nil: no such flush pending).
+	flushing <-chan struct{}
 	// compactions runs requested range compactions (compact.go).
 	compactions compactor
 }
