@@ -271,13 +271,15 @@ func (s *Store) Commit(ctx context.Context, c *Commit) (m Metadata, err error) {
 	return m, nil
 }
 
-// rotateMinEntries is the size (in entries) from which a batch is
-// committed into a fresh memtable (see rotateForLargeBatch).
-const rotateMinEntries = 32 << 10
+// RecommendedRotateMemTableAt is a value for Options.RotateMemTableAt:
+// below it, the insert into a populated memtable costs a few milliseconds
+// at most, less than a flush of its own.
+const RecommendedRotateMemTableAt = 32 << 10
 
 // rotateForLargeBatch makes Pebble start a new memtable (and flush the
-// current one in the background) before b is committed, when b is large
-// and the current memtable holds earlier commits. A checkpoint rewrites
+// current one in the background) before b is committed, when
+// Options.RotateMemTableAt asks for it, b is that large and the current
+// memtable holds earlier commits. A checkpoint rewrites
 // mostly the keys the previous ones wrote, and Pebble's skiplist insert
 // only stays cheap for sorted keys while nothing lies between them: into a
 // memtable that already holds older versions of the same keys, each key of
@@ -290,11 +292,8 @@ const rotateMinEntries = 32 << 10
 // writes while two full memtables are queued), and the commit should not
 // depend on how far a background flush got.
 func (s *Store) rotateForLargeBatch(b *pebble.Batch) error {
-	at := s.opts.rotateAt
-	if at <= 0 {
-		at = rotateMinEntries
-	}
-	if int(b.Count()) < at || s.sinceRotate == 0 {
+	at := s.opts.RotateMemTableAt
+	if at <= 0 || int(b.Count()) < at || s.sinceRotate == 0 {
 		return nil
 	}
 	if s.flushing != nil {

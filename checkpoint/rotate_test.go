@@ -7,18 +7,18 @@ import (
 	"time"
 )
 
-// TestCommitRotatesMemtableForLargeBatch: a commit of at least rotateAt
-// entries onto a memtable that holds earlier commits goes into a fresh
-// memtable (Pebble then flushes the old one); smaller commits, or a large
-// one onto a memtable it just started, do not rotate. The state reads back
-// the same either way.
+// TestCommitRotatesMemtableForLargeBatch: a commit of at least
+// RotateMemTableAt entries onto a memtable that holds earlier commits goes
+// into a fresh memtable (Pebble then flushes the old one); smaller commits
+// do not rotate, nor does a store with the default options. The state
+// reads back the same.
 func TestCommitRotatesMemtableForLargeBatch(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{rotateAt: 500})
+	s, err := Open(t.TempDir(), Options{RotateMemTableAt: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	commit := func(id uint64, n int) {
+	commitTo := func(s *Store, id uint64, n int) {
 		t.Helper()
 		p := &testPart{}
 		for i := range n {
@@ -28,6 +28,7 @@ func TestCommitRotatesMemtableForLargeBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	commit := func(id uint64, n int) { t.Helper(); commitTo(s, id, n) }
 	commit(1, 100)
 	commit(2, 100)
 	m := s.db.Metrics()
@@ -60,5 +61,17 @@ func TestCommitRotatesMemtableForLargeBatch(t *testing.T) {
 		if err != nil || !ok || string(v) != "5" {
 			t.Fatalf("%s: %q %v %v", k, v, ok, err)
 		}
+	}
+	// The default leaves the memtable to Pebble.
+	d, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	commitTo(d, 1, 100)
+	before = d.sinceRotate
+	commitTo(d, 2, 100_000)
+	if d.sinceRotate < before+100_000 {
+		t.Fatal("the default options rotated the memtable")
 	}
 }
