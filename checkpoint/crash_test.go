@@ -120,7 +120,9 @@ func crashRun(t *testing.T, rng *rand.Rand, commit commitFunc) error {
 		clones = append(clones, c)
 		return nil
 	})
-	s, err := Open("db", Options{FS: storefs.New(errorfs.Wrap(mem, inj)), MemTableSize: 256 << 10})
+	// RotateMemTableAt: the big commits (every third) go into a fresh
+	// memtable, so crashes also hit the rotation and the flushes it starts.
+	s, err := Open("db", Options{FS: storefs.New(errorfs.Wrap(mem, inj)), MemTableSize: 256 << 10, RotateMemTableAt: 1000})
 	if err != nil {
 		return err
 	}

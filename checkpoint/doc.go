@@ -49,6 +49,15 @@
 //     makes one of them the latest again under a new, higher id, and records
 //     its spec so that it is applied once. Retain keeps older checkpoints'
 //     metadata (History) for inspection.
+//   - With Options.RotateMemTableAt, a large commit makes Pebble start a
+//     new memtable first (rotateForLargeBatch), unless the previous such
+//     memtable is still being flushed: a sorted batch inserts into an empty
+//     memtable at a pointer update per key, into one holding the previous
+//     checkpoints' versions of the same keys at a full skiplist search per
+//     key. It moves CPU from the commit to a background flush per large
+//     checkpoint (more CPU in all when checkpoints rewrite the same keys,
+//     which one memtable would otherwise have deduplicated). Atomicity does
+//     not change: the rotation only flushes commits already durable.
 //   - Checkpoint ids strictly increase (ErrStaleID). Commits are serialised
 //     by commitMu; readers never take it.
 //   - Offsets are upserted (nil deletes); pending commits accumulate until a

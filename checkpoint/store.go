@@ -38,6 +38,19 @@ type Options struct {
 	Fingerprint Fingerprint
 	// MemTableSize bounds Pebble's memtable (default 64 MiB).
 	MemTableSize uint64
+	// RotateMemTableAt, when above 0, makes a Commit of at least that many
+	// entries (state changes, offsets, metadata) start a new memtable
+	// first, unless the memtable it started last time is still being
+	// flushed. A sorted batch inserts into an empty memtable at about a
+	// pointer update per key, but at a full skiplist search per key into
+	// one that holds the previous checkpoints' versions of the same keys:
+	// at 100k changed keys that insert is most of the commit. The price
+	// is a background flush per large checkpoint, which costs more CPU in
+	// all when checkpoints rewrite the same keys (one memtable would
+	// have deduplicated them): it trades throughput for commit latency.
+	// RecommendedRotateMemTableAt is a sensible value. 0 (the default)
+	// leaves rotation to Pebble.
+	RotateMemTableAt int
 	// FS runs the store on a Pebble virtual filesystem. Only packages under
 	// checkpoint/ can build one (crash tests); leave nil for the OS's files.
 	FS *storefs.FS
@@ -135,6 +148,13 @@ type Store struct {
 	// batch is Commit's batch, reset and reused by the next (guarded by
 	// commitMu); nil before the first Commit.
 	batch *pebble.Batch
+	// sinceRotate counts the entries committed since Commit last made
+	// Pebble rotate its memtable (guarded by commitMu; see
+	// rotateForLargeBatch).
+	sinceRotate int
+	// flushing is closed when the memtable Commit rotated last has been
+	// flushed (nil: no such flush pending).
+	flushing <-chan struct{}
 	// compactions runs requested range compactions (compact.go).
 	compactions compactor
 }
