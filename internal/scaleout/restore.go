@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/runnel-dev/runnel/checkpoint"
@@ -64,12 +63,10 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
 		}
 		if base.Snapshot.Seq > 0 {
-			ra := newReadAhead(ctx, func(ctx context.Context) io.Reader {
-				return NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
-			})
-			cr := &countingReader{r: ra}
-			err := checkpoint.RestoreSavepoint(ctx, dir, cr, opts)
-			ra.Close()
+			sr := NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
+			cr := &countingReader{r: sr}
+			err := checkpoint.IngestSavepoint(ctx, dir, cr, opts)
+			_ = sr.Close()
 			if err != nil {
 				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
 			}
