@@ -19,11 +19,11 @@ import (
 // reader closed midway joins its pulls and fails its later reads.
 func TestSegmentReaderPullsAhead(t *testing.T) {
 	r := newRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := r.cl.NewClient(t)
 	p := testutil.NewProducer(t, c, "runnel_seg_reader")
-	const chunks = 2*pullDepth + 3
+	const chunks = pullDepth + 3
 	data := make([]byte, chunks*ChunkSize-1234)
 	for i := range data {
 		data[i] = byte(i*31 + i>>20)

@@ -59,6 +59,24 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 		from = at
 		rep.Reused = true
 	} else {
+		if base.Snapshot.Seq > 0 {
+			from = base.Snapshot.Seq
+		}
+		if !coversAfter(base.Segments, from, base.Seq) {
+			return rep, fmt.Errorf("%w: %s: the latest record (checkpoint %d) does not list every segment after checkpoint %d", ErrSegmentGone, log.Task, base.Seq, from)
+		}
+	}
+	var segs []Segment
+	for _, seg := range base.Segments {
+		if seg.Seq > from {
+			segs = append(segs, seg)
+		}
+	}
+	// The segments are pulled while the snapshot loads, and the next while
+	// one is applied.
+	pf := prefetchSegments(ctx, c, group, log, segs)
+	defer pf.close()
+	if !usable {
 		if err := os.RemoveAll(dir); err != nil {
 			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
 		}
@@ -71,10 +89,6 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
 			}
 			rep.FromSnapshot, rep.Bytes = true, cr.n
-			from = base.Snapshot.Seq
-		}
-		if !coversAfter(base.Segments, from, base.Seq) {
-			return rep, fmt.Errorf("%w: %s: the latest record (checkpoint %d) does not list every segment after checkpoint %d", ErrSegmentGone, log.Task, base.Seq, from)
 		}
 	}
 	if from == base.Seq {
@@ -85,24 +99,64 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 		return rep, err
 	}
 	defer func() { _ = s.Close() }()
-	for _, seg := range base.Segments {
-		if seg.Seq <= from {
-			continue
+	for f := range pf.ch {
+		if f.err != nil {
+			return rep, f.err
 		}
-		b, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
-		if err != nil {
-			return rep, err
-		}
-		if _, err := s.ApplyBatch(b, false); err != nil {
-			return rep, fmt.Errorf("scaleout: %s: apply checkpoint %d: %w", log.Task, seg.Seq, err)
+		if _, err := s.ApplyBatch(f.data, false); err != nil {
+			return rep, fmt.Errorf("scaleout: %s: apply checkpoint %d: %w", log.Task, f.seq, err)
 		}
 		rep.Applied++
-		rep.Bytes += int64(len(b))
+		rep.Bytes += int64(len(f.data))
 	}
 	if m, ok := s.Latest(); !ok || m.ID != base.Seq {
 		return rep, fmt.Errorf("scaleout: %s: restored to checkpoint %d, want %d", log.Task, m.ID, base.Seq)
 	}
 	return rep, s.Close()
+}
+
+// segmentPrefetch reads a restore's segments, in order, on a goroutine of
+// its own, holding at most two read ahead of the one being applied (each
+// is one checkpoint's batch).
+type segmentPrefetch struct {
+	ch     chan fetchedSegment
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type fetchedSegment struct {
+	seq  uint64
+	data []byte
+	err  error // the last one sent
+}
+
+func prefetchSegments(ctx context.Context, c *client.Client, group string, log TaskLog, segs []Segment) *segmentPrefetch {
+	ctx, cancel := context.WithCancel(ctx)
+	pf := &segmentPrefetch{ch: make(chan fetchedSegment, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(pf.done)
+		defer close(pf.ch)
+		for _, seg := range segs {
+			data, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
+			select {
+			case pf.ch <- fetchedSegment{seq: seg.Seq, data: data, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return pf
+}
+
+// close stops the reading and joins the goroutine.
+func (pf *segmentPrefetch) close() {
+	pf.cancel()
+	for range pf.ch { // unblock a send in progress
+	}
+	<-pf.done
 }
 
 // coversAfter reports whether segs (in seq order) hold segments up to
