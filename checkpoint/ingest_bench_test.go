@@ -42,6 +42,7 @@ func BenchmarkSavepointLoad(b *testing.B) {
 	}
 	_ = src.Close()
 	sp := buf.Bytes()
+	b.ResetTimer()
 	for _, m := range []struct {
 		name string
 		load func(dir string) error

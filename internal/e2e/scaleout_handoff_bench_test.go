@@ -46,7 +46,7 @@ const soValueSize = 1 << 10 // bytes of state per key
 // savepoint-restore-s (checkpoint.RestoreSavepoint of the snapshot from a
 // local file: batches), savepoint-ingest-s (checkpoint.IngestSavepoint of
 // the same file: sstables, what a restore does) and batch-apply-s
-// (checkpoint.Store.ApplyBatch of the segments). MB are MiB; ns/op is the whole op (filling the state too).
+// (checkpoint.Store.ApplyBatch of the segments on the ingested store). MB are MiB; ns/op is the whole op (filling the state too).
 // The 1 GB row needs about 8 GB of disk and minutes:
 // it runs only with RUNNEL_BENCH_SO_1GB=1 or a -bench pattern naming it.
 func BenchmarkScaleoutHandoff(b *testing.B) {
@@ -349,7 +349,7 @@ func soRestoreSteps(b *testing.B, ctx context.Context, c *client.Client, job, ta
 	r.ingest = time.Since(start)
 	_ = fh.Close()
 	start = time.Now()
-	s, err := checkpoint.Open(store, checkpoint.Options{})
+	s, err := checkpoint.Open(filepath.Join(dir, "ingested"), checkpoint.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
