@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -72,8 +73,8 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 			segs = append(segs, seg)
 		}
 	}
-	// The segments are pulled while the snapshot loads, and the next while
-	// one is applied.
+	// The segments are pulled while the snapshot loads, and the next ones
+	// while one is applied.
 	pf := prefetchSegments(ctx, c, group, log, segs)
 	defer pf.close()
 	if !usable {
@@ -108,6 +109,7 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 		}
 		rep.Applied++
 		rep.Bytes += int64(len(f.data))
+		pf.release(f)
 	}
 	if m, ok := s.Latest(); !ok || m.ID != base.Seq {
 		return rep, fmt.Errorf("scaleout: %s: restored to checkpoint %d, want %d", log.Task, m.ID, base.Seq)
@@ -115,34 +117,45 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 	return rep, s.Close()
 }
 
+// prefetchBytes bounds the segments a restore holds read ahead of the one
+// it applies, estimated from their ranges (a single larger segment is read
+// alone).
+const prefetchBytes = 32 << 20
+
 // segmentPrefetch reads a restore's segments, in order, on a goroutine of
-// its own, holding at most two read ahead of the one being applied (each
-// is one checkpoint's batch).
+// its own, up to prefetchBytes ahead of the one being applied.
 type segmentPrefetch struct {
 	ch     chan fetchedSegment
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	mu      sync.Mutex
+	freed   *sync.Cond
+	held    int64 // estimated bytes read and not yet released
+	stopped bool
 }
 
 type fetchedSegment struct {
 	seq  uint64
 	data []byte
+	est  int64 // what it holds of the budget
 	err  error // the last one sent
 }
 
 func prefetchSegments(ctx context.Context, c *client.Client, group string, log TaskLog, segs []Segment) *segmentPrefetch {
 	ctx, cancel := context.WithCancel(ctx)
-	pf := &segmentPrefetch{ch: make(chan fetchedSegment, 1), cancel: cancel, done: make(chan struct{})}
+	pf := &segmentPrefetch{ch: make(chan fetchedSegment, len(segs)), cancel: cancel, done: make(chan struct{})}
+	pf.freed = sync.NewCond(&pf.mu)
 	go func() {
 		defer close(pf.done)
 		defer close(pf.ch)
 		for _, seg := range segs {
-			data, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
-			select {
-			case pf.ch <- fetchedSegment{seq: seg.Seq, data: data, err: err}:
-			case <-ctx.Done():
+			est := (seg.To - seg.From) * ChunkSize
+			if !pf.acquire(est) {
 				return
 			}
+			data, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
+			pf.ch <- fetchedSegment{seq: seg.Seq, data: data, est: est, err: err} // never blocks: one slot per segment
 			if err != nil {
 				return
 			}
@@ -151,10 +164,34 @@ func prefetchSegments(ctx context.Context, c *client.Client, group string, log T
 	return pf
 }
 
+// acquire waits until est more bytes fit in the budget (or nothing is
+// held); false when the prefetch was closed.
+func (pf *segmentPrefetch) acquire(est int64) bool {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	for pf.held > 0 && pf.held+est > prefetchBytes && !pf.stopped {
+		pf.freed.Wait()
+	}
+	pf.held += est
+	return !pf.stopped
+}
+
+// release gives back what an applied segment held.
+func (pf *segmentPrefetch) release(f fetchedSegment) {
+	pf.mu.Lock()
+	pf.held -= f.est
+	pf.mu.Unlock()
+	pf.freed.Signal()
+}
+
 // close stops the reading and joins the goroutine.
 func (pf *segmentPrefetch) close() {
 	pf.cancel()
-	for range pf.ch { // unblock a send in progress
+	pf.mu.Lock()
+	pf.stopped = true
+	pf.mu.Unlock()
+	pf.freed.Broadcast()
+	for range pf.ch {
 	}
 	<-pf.done
 }
