@@ -85,6 +85,12 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 			sr := NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
 			cr := &countingReader{r: sr}
 			err := checkpoint.IngestSavepoint(ctx, dir, cr, opts)
+			if err != nil && sr.err != nil {
+				// The savepoint reader reports a broken stream as corrupt;
+				// what broke it (ErrSegmentGone: the snapshot's messages
+				// are gone) is the reader's error.
+				err = sr.err
+			}
 			_ = sr.Close()
 			if err != nil {
 				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
