@@ -368,7 +368,11 @@ func (w *worker) run(ctx context.Context) (err error) {
 	w.mu.standbys = map[protocol.MessageQueue]*standbyRun{}
 	w.mu.stopping = map[protocol.MessageQueue]*taskRun{}
 	w.standbyAt = map[string]uint64{}
-	p, err := client.NewProducer(w.c, w.group+"_worker")
+	// No compression: this producer sends the changelog, whose chunks of
+	// state a new owner must read back fast; inflating zlib was about half
+	// of a restore's reading (BenchmarkScaleoutHandoff's 1 GB row), and the
+	// store compresses its tables anyway.
+	p, err := client.NewProducer(w.c, w.group+"_worker", client.WithCompression(0, 0))
 	if err != nil {
 		return err
 	}

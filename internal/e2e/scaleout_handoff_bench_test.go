@@ -44,8 +44,9 @@ const soValueSize = 1 << 10 // bytes of state per key
 // here (standbys=0), on the same broker data, step
 // by step: broker-read-s (pulling the snapshot's and segments' chunks),
 // savepoint-restore-s (checkpoint.RestoreSavepoint of the snapshot from a
-// local file) and batch-apply-s (checkpoint.Store.ApplyBatch of the
-// segments). MB are MiB; ns/op is the whole op (filling the state too).
+// local file: batches), savepoint-ingest-s (checkpoint.IngestSavepoint of
+// the same file: sstables, what a restore does) and batch-apply-s
+// (checkpoint.Store.ApplyBatch of the segments on the ingested store). MB are MiB; ns/op is the whole op (filling the state too).
 // The 1 GB row needs about 8 GB of disk and minutes:
 // it runs only with RUNNEL_BENCH_SO_1GB=1 or a -bench pattern naming it.
 func BenchmarkScaleoutHandoff(b *testing.B) {
@@ -80,12 +81,12 @@ func soWant1GB() bool {
 }
 
 type soHandoffResult struct {
-	handoff, restore, detectClaim time.Duration
-	restoreBytes                  int64
-	read, savepoint, apply        time.Duration
-	readBytes                     int64
-	snapshotBytes, segmentBytes   int64
-	segments                      int
+	handoff, restore, detectClaim  time.Duration
+	restoreBytes                   int64
+	read, savepoint, ingest, apply time.Duration
+	readBytes                      int64
+	snapshotBytes, segmentBytes    int64
+	segments                       int
 }
 
 func (r *soHandoffResult) add(o soHandoffResult) {
@@ -95,6 +96,7 @@ func (r *soHandoffResult) add(o soHandoffResult) {
 	r.restoreBytes += o.restoreBytes
 	r.read += o.read
 	r.savepoint += o.savepoint
+	r.ingest += o.ingest
 	r.apply += o.apply
 	r.readBytes += o.readBytes
 	r.snapshotBytes += o.snapshotBytes
@@ -116,6 +118,7 @@ func (r *soHandoffResult) report(b *testing.B, n int, steps bool) {
 	b.ReportMetric(r.read.Seconds()/f, "broker-read-s")
 	b.ReportMetric(mb(r.readBytes)/r.read.Seconds(), "broker-read-MB/s")
 	b.ReportMetric(r.savepoint.Seconds()/f, "savepoint-restore-s")
+	b.ReportMetric(r.ingest.Seconds()/f, "savepoint-ingest-s")
 	b.ReportMetric(r.apply.Seconds()/f, "batch-apply-s")
 	b.ReportMetric(mb(r.snapshotBytes)/f, "snapshot-MB")
 	b.ReportMetric(mb(r.segmentBytes)/f, "segments-MB")
@@ -306,7 +309,9 @@ func soRestoreSteps(b *testing.B, ctx context.Context, c *client.Client, job, ta
 		b.Fatal(err)
 	}
 	start := time.Now()
-	n, err := io.Copy(fh, scaleout.NewSegmentReader(ctx, c, job, changeQ, task, base.Snapshot))
+	sr := scaleout.NewSegmentReader(ctx, c, job, changeQ, task, base.Snapshot)
+	n, err := io.Copy(fh, sr)
+	_ = sr.Close()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -334,9 +339,17 @@ func soRestoreSteps(b *testing.B, ctx context.Context, c *client.Client, job, ta
 		b.Fatal(err)
 	}
 	r.savepoint = time.Since(start)
+	if _, err := fh.Seek(0, io.SeekStart); err != nil {
+		b.Fatal(err)
+	}
+	start = time.Now()
+	if err := checkpoint.IngestSavepoint(ctx, filepath.Join(dir, "ingested"), fh, checkpoint.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	r.ingest = time.Since(start)
 	_ = fh.Close()
 	start = time.Now()
-	s, err := checkpoint.Open(store, checkpoint.Options{})
+	s, err := checkpoint.Open(filepath.Join(dir, "ingested"), checkpoint.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/client"
@@ -146,30 +147,58 @@ func WriteSegment(ctx context.Context, p *client.Producer, topic string, q proto
 	return w.finish()
 }
 
+// pullDepth is how many pulls a SegmentReader keeps in flight, at
+// successive offsets of its range. A broker caps a pull's response by bytes
+// (256 KiB) but always returns one message, so a 1 MiB chunk comes one per
+// round trip; with one pull at a time a restore read 27-46 MiB/s on the
+// 2-core development machine. The responses wait in offset order: at most
+// pullDepth of them (about pullDepth MiB) are held.
+const pullDepth = 8
+
 // SegmentReader streams the data of one segment: the chunks of the
 // segment's writer (task, seq, nonce) among the messages [From, To) of its
 // queue, in chunk order. Other writers' chunks (a fenced former owner's, a
 // retried write's duplicates) are skipped. It fails with ErrSegmentGone
 // when the range is no longer on the broker or the chunks are incomplete.
+// It keeps up to pullDepth pulls in flight on goroutines of its own, which
+// it joins when it reaches the end or an error; Close joins them when the
+// caller stops before.
 type SegmentReader struct {
-	ctx   context.Context
-	c     *client.Client
-	group string
-	q     protocol.MessageQueue
-	task  string
-	seg   Segment
+	ctx    context.Context
+	cancel context.CancelFunc
+	c      *client.Client
+	group  string
+	q      protocol.MessageQueue
+	task   string
+	seg    Segment
 
-	next    int64  // next queue offset to pull
-	want    uint32 // next chunk index
-	pending []byte // data of the current chunk not yet read
-	ahead   map[uint32]chunk
-	done    bool
-	err     error
+	next   int64       // next queue offset to read
+	issued int64       // next queue offset to pull
+	window []*pullSlot // pulls in offset order, the first at next
+	wg     sync.WaitGroup
+	// inFlight bounds the pulls started and not finished, the window's and
+	// those a response made redundant, to 2 * pullDepth.
+	inFlight chan struct{}
+	want     uint32 // next chunk index
+	pending  []byte // data of the current chunk not yet read
+	ahead    map[uint32]chunk
+	done     bool
+	err      error
+}
+
+// pullSlot is one pull in flight; done is closed when res or err is set.
+type pullSlot struct {
+	off  int64
+	done chan struct{}
+	res  *client.PullResult
+	err  error
 }
 
 // NewSegmentReader reads seg of task from changelog queue q.
 func NewSegmentReader(ctx context.Context, c *client.Client, group string, q protocol.MessageQueue, task string, seg Segment) *SegmentReader {
-	return &SegmentReader{ctx: ctx, c: c, group: group, q: q, task: task, seg: seg, next: seg.From, ahead: map[uint32]chunk{}}
+	ctx, cancel := context.WithCancel(ctx)
+	return &SegmentReader{ctx: ctx, cancel: cancel, c: c, group: group, q: q, task: task, seg: seg,
+		next: seg.From, issued: seg.From, ahead: map[uint32]chunk{}, inFlight: make(chan struct{}, 2*pullDepth)}
 }
 
 // chunk is a chunk read ahead of its turn.
@@ -188,10 +217,53 @@ func (r *SegmentReader) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		r.fill()
+		if r.err != nil || r.done {
+			r.Close()
+		}
 	}
 	n := copy(p, r.pending)
 	r.pending = r.pending[n:]
 	return n, nil
+}
+
+// Close stops the pulls in flight and waits for them. The reader returns
+// what it already holds, then an error.
+func (r *SegmentReader) Close() error {
+	r.cancel()
+	r.wg.Wait()
+	r.window = nil
+	if r.err == nil && !r.done {
+		r.err = fmt.Errorf("scaleout: read changelog of %s: reader closed", r.task)
+	}
+	return nil
+}
+
+// pull returns the first pull of the window (at r.next), after starting
+// pulls up to pullDepth ahead.
+func (r *SegmentReader) pull() *pullSlot {
+	for len(r.window) > 0 && r.window[0].off < r.next {
+		r.window = r.window[1:] // a response covered it; its pull is joined by Close
+	}
+	if len(r.window) > 0 && r.window[0].off != r.next {
+		r.window = nil
+	}
+	if len(r.window) == 0 {
+		r.issued = r.next
+	}
+	for len(r.window) < pullDepth && r.issued < r.seg.To {
+		sl := &pullSlot{off: r.issued, done: make(chan struct{})}
+		r.issued++
+		r.window = append(r.window, sl)
+		r.inFlight <- struct{}{} // the window holds < pullDepth: a redundant pull ends
+		r.wg.Go(func() {
+			defer func() { <-r.inFlight }()
+			defer close(sl.done)
+			sl.res, sl.err = pullWithRetry(r.ctx, r.c, client.PullRequest{Queue: r.q, Offset: sl.off, MaxMsgs: 16, Group: r.group})
+		})
+	}
+	sl := r.window[0]
+	r.window = r.window[1:]
+	return sl
 }
 
 // fill makes the next chunk's data pending, pulling as needed.
@@ -207,7 +279,9 @@ func (r *SegmentReader) fill() {
 		r.err = fmt.Errorf("%w: task %s checkpoint %d: chunk %d not in [%d, %d) of %s", ErrSegmentGone, r.task, r.seg.Seq, r.want, r.seg.From, r.seg.To, r.q)
 		return
 	}
-	res, err := pullWithRetry(r.ctx, r.c, client.PullRequest{Queue: r.q, Offset: r.next, MaxMsgs: 16, Group: r.group})
+	sl := r.pull()
+	<-sl.done // pullWithRetry returns when r.ctx ends
+	res, err := sl.res, sl.err
 	if err != nil {
 		r.err = fmt.Errorf("scaleout: read changelog of %s: %w", r.task, err)
 		return
@@ -215,7 +289,7 @@ func (r *SegmentReader) fill() {
 	switch res.Status {
 	case client.PullOffsetIllegal:
 		why := "retention (or a deletion) removed it"
-		if res.MinOffset <= r.next {
+		if res.MinOffset <= sl.off {
 			why = "the queue is shorter than the record says: the topic was deleted and created again, or the broker lost messages"
 		}
 		r.err = fmt.Errorf("%w: task %s checkpoint %d: [%d, %d) of %s is gone (the queue holds [%d, %d)): %s", ErrSegmentGone, r.task, r.seg.Seq, r.seg.From, r.seg.To, r.q, res.MinOffset, res.MaxOffset, why)
@@ -230,6 +304,9 @@ func (r *SegmentReader) fill() {
 	}
 	for i := range res.Messages {
 		m := &res.Messages[i]
+		if m.QueueOffset < r.next {
+			continue
+		}
 		if m.QueueOffset >= r.seg.To {
 			r.next = r.seg.To
 			break
@@ -239,7 +316,7 @@ func (r *SegmentReader) fill() {
 		if err != nil || h.task != r.task || h.seq != r.seg.Seq || h.nonce != r.seg.Nonce || h.index < r.want {
 			continue
 		}
-		r.ahead[h.index] = chunk{data: append([]byte(nil), data...), last: h.last}
+		r.ahead[h.index] = chunk{data: data, last: h.last}
 		if len(r.ahead) > maxChunks {
 			r.err = fmt.Errorf("%w: task %s checkpoint %d: over %d chunks out of order", ErrSegmentGone, r.task, r.seg.Seq, maxChunks)
 			return
@@ -249,7 +326,9 @@ func (r *SegmentReader) fill() {
 
 // ReadSegment reads a whole segment into memory.
 func ReadSegment(ctx context.Context, c *client.Client, group string, q protocol.MessageQueue, task string, seg Segment) ([]byte, error) {
-	return io.ReadAll(NewSegmentReader(ctx, c, group, q, task, seg))
+	r := NewSegmentReader(ctx, c, group, q, task, seg)
+	defer func() { _ = r.Close() }()
+	return io.ReadAll(r)
 }
 
 // pullWithRetry pulls, retrying transient errors a few times.

@@ -69,9 +69,14 @@
 // every SnapshotEvery checkpoints or when the changelog since the last one
 // outgrows it) and applying, as whole batches, the segments the latest valid
 // record lists since that snapshot: a restore reads a bounded amount, never
-// the job's history. A store left on the worker's own disk, or a standby's
-// warm copy that follows the changelog, is reused when its last checkpoint
-// lies on the valid chain: then only the missing segments are applied.
+// the job's history. The snapshot is a savepoint stream in the store's key
+// order, so a rebuild writes it straight into sstables that Pebble ingests
+// into its bottom level (checkpoint.IngestSavepoint) instead of replaying it
+// through batches, and pulls it several messages at a time (a broker answers
+// a pull with one 1 MiB chunk) while the segments after it are pulled too.
+// A store left on the worker's own disk, or a standby's warm copy that
+// follows the changelog, is reused when its last checkpoint lies on the
+// valid chain: then only the missing segments are applied.
 //
 // # Non-obvious invariants
 //

@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
+	"sync"
 
 	"github.com/runnel-dev/runnel/checkpoint"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -60,24 +60,42 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 		from = at
 		rep.Reused = true
 	} else {
-		if err := os.RemoveAll(dir); err != nil {
-			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
-		}
 		if base.Snapshot.Seq > 0 {
-			ra := newReadAhead(ctx, func(ctx context.Context) io.Reader {
-				return NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
-			})
-			cr := &countingReader{r: ra}
-			err := checkpoint.RestoreSavepoint(ctx, dir, cr, opts)
-			ra.Close()
-			if err != nil {
-				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
-			}
-			rep.FromSnapshot, rep.Bytes = true, cr.n
 			from = base.Snapshot.Seq
 		}
 		if !coversAfter(base.Segments, from, base.Seq) {
 			return rep, fmt.Errorf("%w: %s: the latest record (checkpoint %d) does not list every segment after checkpoint %d", ErrSegmentGone, log.Task, base.Seq, from)
+		}
+	}
+	var segs []Segment
+	for _, seg := range base.Segments {
+		if seg.Seq > from {
+			segs = append(segs, seg)
+		}
+	}
+	// The segments are pulled while the snapshot loads, and the next ones
+	// while one is applied.
+	pf := prefetchSegments(ctx, c, group, log, segs)
+	defer pf.close()
+	if !usable {
+		if err := os.RemoveAll(dir); err != nil {
+			return rep, fmt.Errorf("scaleout: clear %s: %w", dir, err)
+		}
+		if base.Snapshot.Seq > 0 {
+			sr := NewSegmentReader(ctx, c, group, log.Changelog, log.Task, base.Snapshot)
+			cr := &countingReader{r: sr}
+			err := checkpoint.IngestSavepoint(ctx, dir, cr, opts)
+			if err != nil && sr.err != nil {
+				// The savepoint reader reports a broken stream as corrupt;
+				// what broke it (ErrSegmentGone: the snapshot's messages
+				// are gone) is the reader's error.
+				err = sr.err
+			}
+			_ = sr.Close()
+			if err != nil {
+				return rep, fmt.Errorf("scaleout: restore snapshot of %s (checkpoint %d): %w", log.Task, base.Snapshot.Seq, err)
+			}
+			rep.FromSnapshot, rep.Bytes = true, cr.n
 		}
 	}
 	if from == base.Seq {
@@ -88,24 +106,100 @@ func Restore(ctx context.Context, c *client.Client, group string, log TaskLog, d
 		return rep, err
 	}
 	defer func() { _ = s.Close() }()
-	for _, seg := range base.Segments {
-		if seg.Seq <= from {
-			continue
+	for f := range pf.ch {
+		if f.err != nil {
+			return rep, f.err
 		}
-		b, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
-		if err != nil {
-			return rep, err
-		}
-		if _, err := s.ApplyBatch(b, false); err != nil {
-			return rep, fmt.Errorf("scaleout: %s: apply checkpoint %d: %w", log.Task, seg.Seq, err)
+		if _, err := s.ApplyBatch(f.data, false); err != nil {
+			return rep, fmt.Errorf("scaleout: %s: apply checkpoint %d: %w", log.Task, f.seq, err)
 		}
 		rep.Applied++
-		rep.Bytes += int64(len(b))
+		rep.Bytes += int64(len(f.data))
+		pf.release(f)
 	}
 	if m, ok := s.Latest(); !ok || m.ID != base.Seq {
 		return rep, fmt.Errorf("scaleout: %s: restored to checkpoint %d, want %d", log.Task, m.ID, base.Seq)
 	}
 	return rep, s.Close()
+}
+
+// prefetchBytes bounds the segments a restore holds read ahead of the one
+// it applies, estimated from their ranges (a single larger segment is read
+// alone).
+const prefetchBytes = 32 << 20
+
+// segmentPrefetch reads a restore's segments, in order, on a goroutine of
+// its own, up to prefetchBytes ahead of the one being applied.
+type segmentPrefetch struct {
+	ch     chan fetchedSegment
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	freed   *sync.Cond
+	held    int64 // estimated bytes read and not yet released
+	stopped bool
+}
+
+type fetchedSegment struct {
+	seq  uint64
+	data []byte
+	est  int64 // what it holds of the budget
+	err  error // the last one sent
+}
+
+func prefetchSegments(ctx context.Context, c *client.Client, group string, log TaskLog, segs []Segment) *segmentPrefetch {
+	ctx, cancel := context.WithCancel(ctx)
+	pf := &segmentPrefetch{ch: make(chan fetchedSegment, len(segs)), cancel: cancel, done: make(chan struct{})}
+	pf.freed = sync.NewCond(&pf.mu)
+	go func() {
+		defer close(pf.done)
+		defer close(pf.ch)
+		for _, seg := range segs {
+			est := (seg.To - seg.From) * ChunkSize
+			if !pf.acquire(est) {
+				return
+			}
+			data, err := ReadSegment(ctx, c, group, log.Changelog, log.Task, seg)
+			pf.ch <- fetchedSegment{seq: seg.Seq, data: data, est: est, err: err} // never blocks: one slot per segment
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return pf
+}
+
+// acquire waits until est more bytes fit in the budget (or nothing is
+// held); false when the prefetch was closed.
+func (pf *segmentPrefetch) acquire(est int64) bool {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	for pf.held > 0 && pf.held+est > prefetchBytes && !pf.stopped {
+		pf.freed.Wait()
+	}
+	pf.held += est
+	return !pf.stopped
+}
+
+// release gives back what an applied segment held.
+func (pf *segmentPrefetch) release(f fetchedSegment) {
+	pf.mu.Lock()
+	pf.held -= f.est
+	pf.mu.Unlock()
+	pf.freed.Signal()
+}
+
+// close stops the reading and joins the goroutine.
+func (pf *segmentPrefetch) close() {
+	pf.cancel()
+	pf.mu.Lock()
+	pf.stopped = true
+	pf.mu.Unlock()
+	pf.freed.Broadcast()
+	for range pf.ch {
+	}
+	<-pf.done
 }
 
 // coversAfter reports whether segs (in seq order) hold segments up to
