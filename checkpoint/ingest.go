@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -64,18 +63,7 @@ const (
 )
 
 func ingestSavepoint(ctx context.Context, dir string, r io.Reader, opts Options, cfg ingestConfig) error {
-	br := bufio.NewReaderSize(r, 256<<10)
-	sr, m, err := readSavepointHeader(br)
-	if err != nil {
-		return err
-	}
-	fp := opts.Fingerprint
-	if fp.IsZero() {
-		fp = m.Fingerprint
-	} else if err := diffFingerprints(m.Fingerprint, fp).err(fmt.Sprintf("savepoint of checkpoint %d", m.ID), nil); err != nil {
-		return err
-	}
-	s, err := open(dir, opts)
+	s, sr, m, fp, err := openRestoreTarget(dir, r, opts, nil)
 	if err != nil {
 		return err
 	}

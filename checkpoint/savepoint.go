@@ -351,18 +351,7 @@ func (d *decoder) bytes(max int) []byte {
 // ErrIncompleteRestore until a restore completes. ctx is checked between
 // batches.
 func RestoreSavepoint(ctx context.Context, dir string, r io.Reader, opts Options, dropOperators ...string) error {
-	br := bufio.NewReaderSize(r, 256<<10)
-	sr, m, err := readSavepointHeader(br)
-	if err != nil {
-		return err
-	}
-	fp := opts.Fingerprint
-	if fp.IsZero() {
-		fp = m.Fingerprint
-	} else if err := diffFingerprints(m.Fingerprint, fp).err(fmt.Sprintf("savepoint of checkpoint %d", m.ID), dropOperators); err != nil {
-		return err
-	}
-	s, err := open(dir, opts)
+	s, sr, m, fp, err := openRestoreTarget(dir, r, opts, dropOperators)
 	if err != nil {
 		return err
 	}
@@ -371,6 +360,29 @@ func RestoreSavepoint(ctx context.Context, dir string, r io.Reader, opts Options
 		return err
 	}
 	return s.Close()
+}
+
+// openRestoreTarget reads the savepoint header from r, checks its
+// fingerprint against opts' (the operators in drop may differ; none given,
+// the savepoint's is taken) and opens the store in dir that a restore
+// loads it into.
+func openRestoreTarget(dir string, r io.Reader, opts Options, drop []string) (*Store, *savepointReader, Metadata, Fingerprint, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	sr, m, err := readSavepointHeader(br)
+	if err != nil {
+		return nil, nil, m, Fingerprint{}, err
+	}
+	fp := opts.Fingerprint
+	if fp.IsZero() {
+		fp = m.Fingerprint
+	} else if err := diffFingerprints(m.Fingerprint, fp).err(fmt.Sprintf("savepoint of checkpoint %d", m.ID), drop); err != nil {
+		return nil, nil, m, fp, err
+	}
+	s, err := open(dir, opts)
+	if err != nil {
+		return nil, nil, m, fp, err
+	}
+	return s, sr, m, fp, nil
 }
 
 func (s *Store) restore(ctx context.Context, sr *savepointReader, m Metadata, fp Fingerprint, drop []string) error {
