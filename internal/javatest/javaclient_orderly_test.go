@@ -164,7 +164,12 @@ func testJavaClientOrderly(t *testing.T, version string) {
 	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error { return checkShared(4, window, a) })
 	b := startJava(t, ctx, dr, p.NameServer, "b", "push", args("b")...)
 	b.waitStarted(t)
-	testutil.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error { return checkShared(4, window, a, b) })
+	joined := time.Now()
+	// Usually a few seconds; once (4.9.7, loaded CI) not within 30 s, cause
+	// unknown: a lock held past its release would never clear, slowness
+	// would, so the wait is longer and its length is logged.
+	testutil.CheckFor(t, 90*time.Second, 50*time.Millisecond, func() error { return checkShared(4, window, a, b) })
+	t.Logf("a and b share the queues %v after b started", time.Since(joined).Round(100*time.Millisecond))
 	if p.codes.count(protocol.ReqLockBatchMq) == 0 || p.codes.count(protocol.ReqUnlockBatchMq) == 0 {
 		t.Errorf("a gave queues up to b with %d LOCK_BATCH_MQ and %d UNLOCK_BATCH_MQ requests",
 			p.codes.count(protocol.ReqLockBatchMq), p.codes.count(protocol.ReqUnlockBatchMq))
