@@ -147,16 +147,9 @@ func (s *Store) ingest(ctx context.Context, sr *savepointReader, m Metadata, fp 
 		if err != nil {
 			return err
 		}
-		switch rec.typ {
-		case recOffset:
-			key = append(append(key[:0], famOffset), rec.key...)
-		case recPending:
-			var k []byte
-			k, err = pendingKey(&PendingCommit{SinkUID: string(rec.uid), Subtask: rec.subtask, CheckpointID: rec.cpID})
-			key = append(key[:0], k...)
-		case recState:
-			key = append(appendStatePrefix(key[:0], string(rec.uid), rec.keyGroup), rec.key...)
-		default:
+		var ok bool
+		key, ok, err = rec.appendStoreKey(key[:0])
+		if err == nil && !ok {
 			continue
 		}
 		if err == nil {

@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -190,6 +191,7 @@ func ingestCrashRun(t *testing.T, rng *rand.Rand, sp []byte, model content, fp F
 	var (
 		mu     sync.Mutex
 		clones []*vfs.MemFS
+		armed  bool
 	)
 	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
 		if op.Kind.ReadOrWrite() != errorfs.OpIsWrite {
@@ -197,6 +199,17 @@ func ingestCrashRun(t *testing.T, rng *rand.Rand, sp []byte, model content, fp F
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		// Crash points start at the ingest's first write-ahead log write
+		// (its restore marker): before it, Pebble is opening (creating) the
+		// store, whose crashes are Pebble's to survive, not the ingest's
+		// (this crashable file system can leave an opened store without
+		// the manifest its marker names).
+		if !armed {
+			if op.Kind != errorfs.OpFileWrite || !strings.HasSuffix(op.Path, ".log") {
+				return nil
+			}
+			armed = true
+		}
 		pct := []int{0, 50, 100}[rng.IntN(3)]
 		clones = append(clones, mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: pct, RNG: rand.New(rand.NewPCG(rng.Uint64(), 1))}))
 		return nil

@@ -362,6 +362,22 @@ func RestoreSavepoint(ctx context.Context, dir string, r io.Reader, opts Options
 	return s.Close()
 }
 
+// appendStoreKey appends to dst the key under which the store keeps rec
+// (offsets, pending commits and state); ok is false for a record of
+// another type, which has none.
+func (rec *savepointRecord) appendStoreKey(dst []byte) (key []byte, ok bool, err error) {
+	switch rec.typ {
+	case recOffset:
+		return append(append(dst, famOffset), rec.key...), true, nil
+	case recPending:
+		k, err := pendingKey(&PendingCommit{SinkUID: string(rec.uid), Subtask: rec.subtask, CheckpointID: rec.cpID})
+		return append(dst, k...), err == nil, err
+	case recState:
+		return append(appendStatePrefix(dst, string(rec.uid), rec.keyGroup), rec.key...), true, nil
+	}
+	return dst, false, nil
+}
+
 // openRestoreTarget reads the savepoint header from r, checks its
 // fingerprint against opts' (the operators in drop may differ; none given,
 // the savepoint's is taken) and opens the store in dir that a restore
@@ -439,20 +455,12 @@ func (s *Store) load(ctx context.Context, sr *savepointReader, m Metadata, fp Fi
 		if err != nil {
 			return Metadata{}, err
 		}
-		switch rec.typ {
-		case recOffset:
-			err = b.Set(offsetKey(string(rec.key)), rec.value, nil)
-		case recPending:
-			var k []byte
-			k, err = pendingKey(&PendingCommit{SinkUID: string(rec.uid), Subtask: rec.subtask, CheckpointID: rec.cpID})
-			if err == nil {
-				err = b.Set(k, rec.value, nil)
-			}
-		case recState:
-			if slices.Contains(drop, string(rec.uid)) {
-				continue
-			}
-			buf = append(appendStatePrefix(buf[:0], string(rec.uid), rec.keyGroup), rec.key...)
+		if rec.typ == recState && slices.Contains(drop, string(rec.uid)) {
+			continue
+		}
+		var ok bool
+		buf, ok, err = rec.appendStoreKey(buf[:0])
+		if err == nil && ok {
 			err = b.Set(buf, rec.value, nil)
 		}
 		if err != nil {
