@@ -40,10 +40,17 @@ type groupCluster struct {
 // that it runs after every other cleanup.
 func startGroupCluster(t *testing.T, n int, opts ...broker.Option) *groupCluster {
 	t.Helper()
+	return startGroupClusterNS(t, n, nil, opts...)
+}
+
+// startGroupClusterNS is startGroupCluster with options for the name
+// server too.
+func startGroupClusterNS(t *testing.T, n int, nsOpts []namesrv.Option, opts ...broker.Option) *groupCluster {
+	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ns, err := namesrv.New(namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir()))
+	ns, err := namesrv.New(append([]namesrv.Option{namesrv.WithListenAddr("127.0.0.1:0"), namesrv.WithKVConfigDir(t.TempDir())}, nsOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

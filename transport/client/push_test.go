@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/transport/broker"
+	"github.com/runnel-dev/runnel/transport/namesrv"
 	"github.com/runnel-dev/runnel/transport/protocol"
 	"github.com/runnel-dev/runnel/transport/remoting"
 )
@@ -242,6 +243,67 @@ func TestPushRetry(t *testing.T) {
 	if rt, _ := dlq[0].Property(protocol.PropRetryTopic); rt != "PR" {
 		t.Errorf("DLQ message RETRY_TOPIC %q", rt)
 	}
+}
+
+// TestPushRetryTopicRouteAppears: the group's retry topic has no route
+// when the consumer starts, and the name server learns of it only a
+// moment after the first send-back created it (as with a Java broker,
+// which registers a topic it created at its next registration); the
+// rebalance interval is a minute. The sent-back message must still come
+// back within seconds: a group whose retry topic has no route yet
+// rebalances as often as one waiting for a lock (retryRouteWait) instead
+// of waiting a rebalance interval for the retry queue.
+func TestPushRetryTopicRouteAppears(t *testing.T) {
+	var hide atomic.Bool // the name server does not know the retry topic
+	hide.Store(true)
+	retry := RetryTopic("GRA")
+	gcl := startGroupClusterNS(t, 1, []namesrv.Option{namesrv.WithRemotingOptions(remoting.WithInterceptor(
+		func(_ context.Context, rc *remoting.RequestCtx) (*protocol.Command, bool) {
+			req := rc.Request()
+			if topic, _ := req.Ext("topic"); req.Code == protocol.ReqGetRouteInfoByTopic && topic == retry && hide.Load() {
+				return protocol.NewResponse(req, protocol.ResTopicNotExist, "not registered yet"), true
+			}
+			return nil, false
+		}))}, shortDelays())
+	c := gcl.client(t)
+	gcl.createTopic(t, c, "PRA", 1)
+	p, err := NewProducer(c, "pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rec := newRecorder()
+	pc := newPushConsumer(t, c, "GRA", ConcurrentHandler(func(ctx context.Context, msgs []*ConsumedMessage) error {
+		for _, m := range msgs {
+			if rec.add("a", m) == 1 {
+				m.Result = ConsumeRetryLater
+			}
+		}
+		return nil
+	}), WithConsumeFrom(ConsumeFromFirst), WithRebalanceInterval(time.Minute))
+	startPush(t, pc, "PRA", ByTag("*"))
+	sendN(t, p, "PRA", 0, 1, nil)
+	groupCheckFor(t, 20*time.Second, func() error {
+		if len(rec.snapshot()) == 0 {
+			return fmt.Errorf("not delivered yet")
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // the broker's registration, later
+	hide.Store(false)
+	shown := time.Now()
+	groupCheckFor(t, 10*time.Second, func() error {
+		if len(rec.snapshot()) < 2 {
+			return fmt.Errorf("the sent-back message did not come back within %v of its route appearing (rebalance interval 1 min)",
+				time.Since(shown).Round(time.Millisecond))
+		}
+		return nil
+	})
+	d := rec.snapshot()
+	if d[1].topic != "PRA" || d[1].reconsume != 1 || d[1].id != "0" {
+		t.Errorf("redelivery %+v, want message 0 on topic PRA with reconsume times 1", d[1])
+	}
+	t.Logf("redelivered %v after the retry topic's route appeared", d[1].at.Sub(shown).Round(time.Millisecond))
 }
 
 // pullTopic reads every message of every queue of topic from offset 0.
