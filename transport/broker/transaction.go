@@ -92,7 +92,7 @@ import (
 // stored itself, the common case:
 //   - the record of each half message stored since the broker started is
 //     kept (a copy, as stored: offsets and store time patched) until the
-//     half message ends, within halfCacheBytes and a window of
+//     half message ends, within WithTransactionHalfCache's bytes and a window of
 //     halfWindowMax half queue offsets (found by the request's queue and
 //     physical offsets); a record not kept is read from the store;
 //   - every outcome of a half message at or above pendingFrom (the half
@@ -111,9 +111,6 @@ const (
 	// maxEndedCache bounds the in-memory record of recently ended half
 	// messages (beyond it the checker looks op records up in the store).
 	maxEndedCache = 1 << 20
-	// halfCacheBytes bounds the records of pending half messages kept in
-	// memory for END_TRANSACTION (beyond it they are read from the store).
-	halfCacheBytes = 32 << 20
 	// halfCacheMaxRecord is the largest record kept there.
 	halfCacheMaxRecord = 64 << 10
 	// checkSendTimeout bounds the queueing of one CHECK_TRANSACTION_STATE.
@@ -278,7 +275,7 @@ func (t *transactions) halfStored(rec []byte, phys int64) {
 	h := &t.halves
 	h.Lock()
 	defer h.Unlock()
-	if h.bytes+len(rec) > halfCacheBytes {
+	if h.bytes+len(rec) > t.cfg.halfCache {
 		return // read from the store when it ends
 	}
 	if len(h.slots) == 0 {

@@ -843,6 +843,48 @@ func BenchmarkBrokerTransaction(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
 }
 
+// TestBrokerTransactionHalfCacheBound: WithTransactionHalfCache bounds the
+// kept records: with room for one record the first half message is kept
+// and the second is not (it ends through the store); 0 keeps none; a
+// negative bound is refused.
+func TestBrokerTransactionHalfCacheBound(t *testing.T) {
+	subLeakCheck(t)
+	clk := &subClock{}
+	probe := txBroker(t, t.TempDir(), clk)
+	cp := subDial(t, probe, "producer-0")
+	ph := txSend(t, cp, "txpg", "TxTopic", 1, "body-1", protocol.PropKeys, "k1")
+	rec, ok := probe.tx.cachedHalf(ph.queueOffset, ph.phys)
+	if !ok {
+		t.Fatal("a half message is not kept with the default bound")
+	}
+	size := len(rec) // the records below have the same size
+	b := txBroker(t, t.TempDir(), clk, WithTransactionHalfCache(size+size/2))
+	c := subDial(t, b, "producer-1")
+	first := txSend(t, c, "txpg", "TxTopic", 1, "body-1", protocol.PropKeys, "k1")
+	second := txSend(t, c, "txpg", "TxTopic", 1, "body-2", protocol.PropKeys, "k1")
+	if _, ok := b.tx.cachedHalf(first.queueOffset, first.phys); !ok {
+		t.Error("the first half message is not kept")
+	}
+	if _, ok := b.tx.cachedHalf(second.queueOffset, second.phys); ok {
+		t.Error("a half message past the bound is kept")
+	}
+	mustEnd(t, c, "txpg", first, protocol.SysFlagTransactionCommit)
+	mustEnd(t, c, "txpg", second, protocol.SysFlagTransactionCommit)
+	if got := subMessages(t, b, "TxTopic", 1); len(got) != 2 {
+		t.Errorf("%d final messages, want 2", len(got))
+	}
+	none := txBroker(t, t.TempDir(), clk, WithTransactionHalfCache(0))
+	c0 := subDial(t, none, "producer-2")
+	h := txSend(t, c0, "txpg", "TxTopic", 1, "none", protocol.PropKeys, "k1")
+	if _, ok := none.tx.cachedHalf(h.queueOffset, h.phys); ok {
+		t.Error("a half message is kept with a bound of 0")
+	}
+	mustEnd(t, c0, "txpg", h, protocol.SysFlagTransactionCommit)
+	if _, err := New(WithDataDir(t.TempDir()), WithTransactionHalfCache(-1)); err == nil {
+		t.Error("a negative half cache bound was accepted")
+	}
+}
+
 // TestBrokerTransactionKeptHalves: END_TRANSACTION reads half messages this
 // process stored from memory and knows an outcome missing from its cache
 // is pending; the final messages and answers are the same as through the
