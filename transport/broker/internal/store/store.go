@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -151,9 +150,8 @@ type Options struct {
 	DiskUsage func() (avail, total uint64, err error)
 	// PebbleOptions, if non-nil, is used as the base Pebble configuration
 	// (the store sets Logger, and MemTableSize, MemTableStopWritesThreshold,
-	// CacheSize, L0CompactionThreshold, L0StopWritesThreshold, the block
-	// size of levels 1-6 and every level's compression (none) where they
-	// are zero). Ownership passes to Open.
+	// CacheSize, L0CompactionThreshold, L0StopWritesThreshold and the block
+	// size of levels 1-6 where they are zero). Ownership passes to Open.
 	PebbleOptions *pebble.Options
 }
 
@@ -269,10 +267,6 @@ type Store struct {
 	}
 }
 
-// noCompression is the store's block compression on every level (see
-// Open).
-func noCompression() *sstable.CompressionProfile { return sstable.NoCompression }
-
 // Open opens (creating if needed) the store in dir, recovers the in-memory
 // counters and starts the committer (and, in ASYNC mode, the syncer)
 // goroutines, which Close joins.
@@ -321,19 +315,6 @@ func Open(dir string, opts Options) (*Store, error) {
 	for i := 1; i < len(po.Levels); i++ {
 		if po.Levels[i].BlockSize == 0 {
 			po.Levels[i].BlockSize = 32 << 10
-		}
-	}
-	// No block compression (Pebble's default is Snappy on every level):
-	// records are mostly property text and small bodies, which Snappy
-	// shrank by about a fifth in 4 KiB blocks (64 MiB memtables flushed
-	// to 50 MiB) while it was 40 % of a flush's CPU and the largest part
-	// of a compaction's; RocketMQ's commit log is not compressed either.
-	// Every block records its own compression, so tables written with
-	// Snappy by earlier versions stay readable and are rewritten
-	// uncompressed as compactions reach them: no migration.
-	for i := range po.Levels {
-		if po.Levels[i].Compression == nil {
-			po.Levels[i].Compression = noCompression
 		}
 	}
 	po.Logger = pebbleLogger{opts.Logger}
