@@ -292,11 +292,13 @@ func Open(dir string, opts Options) (*Store, error) {
 	// Compactions out of L0 rewrite the overlapping part of Lbase, and a
 	// flush of messages overlaps nearly all of it (every queue's range and
 	// the key index get new keys in every memtable): with Pebble's default
-	// of 4 sublevels, L0 compactions were the store's largest CPU cost (a
-	// sixth of an exactly-once ETL run). Letting 8 sublevels build up halves
-	// how often Lbase is rewritten; reads mostly hit recent data (memtable
-	// and the newest sublevels). Writes stop at 3x the threshold, as with
-	// Pebble's defaults (4 and 12).
+	// threshold of 4, L0 compactions were the store's largest CPU cost (a
+	// sixth of an exactly-once ETL run). Pebble scores L0 as twice its
+	// sublevel count over the threshold and compacts it from a score of 1:
+	// a threshold of 8 lets 4 sublevels build up (the default, 2), which
+	// halves how often Lbase is rewritten; reads mostly hit recent data
+	// (memtable and the newest sublevels). Writes stop at 3x the threshold
+	// in sublevels, as with Pebble's defaults (4 and 12).
 	if po.L0CompactionThreshold == 0 {
 		po.L0CompactionThreshold = 8
 	}
