@@ -974,7 +974,7 @@ func uniqOf(m *protocol.MessageExt) string { return m.UniqKey() }
 // half message pending for more than halfWindowMax offsets is dropped
 // (read from the store when it ends) instead of pinning the window.
 func TestKeptHalvesWindow(t *testing.T) {
-	tx := &transactions{}
+	tx := &transactions{cfg: txConfig{halfCache: DefaultTransactionHalfCache}}
 	rec := func(off int64) []byte {
 		r := make([]byte, 64)
 		binary.BigEndian.PutUint64(r[protocol.RecordQueueOffsetPos:], uint64(off))

@@ -162,14 +162,21 @@ func TestPubSubReconnect(t *testing.T) {
 		}
 		return true
 	}
+	// The last message can arrive before its publisher has marked it
+	// published: done is checked again every 100 ms, not only on arrivals.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for !done() {
 		select {
 		case m, ok := <-msgs:
 			if !ok {
 				t.Fatal("subscription closed")
 			}
+			mu.Lock()
 			received[m.UUID]++
+			mu.Unlock()
 			m.Ack()
+		case <-tick.C:
 		case <-ctx.Done():
 			mu.Lock()
 			t.Fatalf("after %v: %d of %d published (%v), %d distinct received", time.Since(start), len(published), n, pubErr, len(received))
