@@ -76,7 +76,14 @@ func haETLKill(t *testing.T, bin string, control bool) {
 		}
 		(&brokerEnv{nsAddr: hc.ns}).waitRoute(t, tp.name, int(tp.n))
 	}
-	samples := etl.SampleOrders(12_000, 300, 100, seed)
+	// Enough input for 3 kills or more while the job runs: the
+	// at-least-once control runs several times faster (12k orders ran
+	// out after 1 kill, or none, in CI runs).
+	orders := 30_000
+	if control {
+		orders = 200_000
+	}
+	samples := etl.SampleOrders(orders, 300, 100, seed)
 	p, err := client.NewProducer(c, "ha_etl_input")
 	if err != nil {
 		t.Fatal(err)
