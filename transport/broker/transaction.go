@@ -92,9 +92,10 @@ import (
 // stored itself, the common case:
 //   - the record of each half message stored since the broker started is
 //     kept (a copy, as stored: offsets and store time patched) until the
-//     half message ends, within WithTransactionHalfCache's bytes and a window of
-//     halfWindowMax half queue offsets (found by the request's queue and
-//     physical offsets); a record not kept is read from the store;
+//     half message ends, within the bytes WithTransactionHalfCache allows
+//     and a window of halfWindowMax half queue offsets (found by the
+//     request's queue and physical offsets); a record not kept is read
+//     from the store;
 //   - every outcome of a half message at or above pendingFrom (the half
 //     queue's end when the broker started, or when the outcome cache last
 //     had room again) is in the outcome cache, so one missing from it is

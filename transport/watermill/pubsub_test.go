@@ -172,9 +172,7 @@ func TestPubSubReconnect(t *testing.T) {
 			if !ok {
 				t.Fatal("subscription closed")
 			}
-			mu.Lock()
 			received[m.UUID]++
-			mu.Unlock()
 			m.Ack()
 		case <-tick.C:
 		case <-ctx.Done():
