@@ -113,25 +113,57 @@ func nextProperty(raw string) (name, value string, ok bool, rest string) {
 // or empty value are ignored, and when a key occurs more than once the last
 // occurrence wins. It does not allocate; the returned value aliases raw.
 func PropertyValue(raw, key string) (string, bool) {
+	if key == "" || strings.IndexByte(key, PropSeparator) >= 0 || strings.IndexByte(key, PropNameValueSeparator) >= 0 {
+		return propertyValueScan(raw, key)
+	}
+	// An item whose name is key starts at the start of raw or after a
+	// \x02, and key is followed by the item's first \x01 (key holds none).
+	// strings.Index finds candidates with the runtime's vectorised search,
+	// several times faster than walking the items one by one when the
+	// string carries a dozen properties; candidates inside a value or a
+	// longer name are skipped. The search goes on after a match: the last
+	// valid occurrence wins.
+	var (
+		val   string
+		found bool
+	)
+	for from := 0; from < len(raw); {
+		i := strings.Index(raw[from:], key)
+		if i < 0 {
+			break
+		}
+		i += from
+		end := i + len(key)
+		if end >= len(raw) || raw[end] != PropNameValueSeparator || (i > 0 && raw[i-1] != PropSeparator) {
+			from = i + 1
+			continue
+		}
+		v := raw[end+1:]
+		if j := strings.IndexByte(v, PropSeparator); j >= 0 {
+			v = v[:j]
+		}
+		if v != "" {
+			val, found = v, true
+		}
+		from = end + 1 + len(v)
+	}
+	return val, found
+}
+
+// propertyValueScan is PropertyValue item by item, for keys that hold a
+// separator or are empty (no item has such a name, but the answer must
+// still follow the Java parser's).
+func propertyValueScan(raw, key string) (string, bool) {
 	var (
 		val   string
 		found bool
 	)
 	for len(raw) > 0 {
-		// Fast reject: the item must start with key followed by \x01.
-		if len(raw) > len(key) && raw[len(key)] == PropNameValueSeparator && raw[:len(key)] == key && len(key) > 0 {
-			n, v, ok, rest := nextProperty(raw)
-			if ok && n == key {
-				val, found = v, true
-			}
-			raw = rest
-			continue
+		n, v, ok, rest := nextProperty(raw)
+		if ok && n == key {
+			val, found = v, true
 		}
-		i := strings.IndexByte(raw, PropSeparator)
-		if i < 0 {
-			break
-		}
-		raw = raw[i+1:]
+		raw = rest
 	}
 	return val, found
 }

@@ -172,3 +172,31 @@ func BenchmarkProperties(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPropertyValue looks up properties in the string an exactly-once
+// sink's message carries (keys, lineage, transaction and producer group,
+// unique key), as the broker does several times per message it stores.
+func BenchmarkPropertyValue(b *testing.B) {
+	raw := string(AppendProperties(nil, map[string]string{
+		PropKeys:                "order-000123456",
+		PropTags:                "valid",
+		PropUniqKey:             "7F0000010D2C1B2F3A4C5D6E7F801234",
+		PropTransactionPrepared: "true",
+		PropProducerGroup:       "runnel-tx-etl-orders-sink",
+		PropWaitStoreMsgOK:      "true",
+		"runnel.src":            "orders@broker-a:3",
+		"runnel.off":            "123456",
+		"runnel.op":             "sink",
+		"runnel.epoch":          "42",
+		"runnel.task":           "sink/3",
+		PropBornTimestamp:       "1796191254848",
+	}))
+	for _, key := range []string{PropTags, PropUniqKey, PropDelayLevel} {
+		b.Run(key, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				PropertyValue(raw, key)
+			}
+		})
+	}
+}
