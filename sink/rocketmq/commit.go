@@ -196,7 +196,7 @@ func (e *txEngine) commit(d *txnDesc, ep *epochTxn) error {
 				e.log.Warn("rocketmq sink: half messages discarded by the broker (paused past its discard window); sending them again in lane order",
 					"group", e.group, "epoch", d.epoch)
 			}
-			return e.sendAgain(ctx, ep.slot(i).m)
+			return e.sendAgain(ctx, ep.slot(i))
 		}
 	}
 	hs := d.handles

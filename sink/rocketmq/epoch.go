@@ -17,6 +17,7 @@ type slot struct {
 	m    *client.Message
 	ep   *epochTxn
 	lane uint32
+	i    uint32 // the slot's index in its epoch (propSlot)
 	h    client.TxHandle
 	// try is the attempt whose half message the broker acknowledged (0:
 	// the first); scale-out tags each attempt (propTry) so that any worker
@@ -61,8 +62,22 @@ func (ep *epochTxn) add(m *client.Message, lane uint32) int {
 	i := ep.n
 	ep.n++
 	s := ep.slot(i)
-	s.m, s.ep, s.lane = m, ep, lane
+	s.m, s.ep, s.lane, s.i = m, ep, lane, uint32(i)
 	return i
+}
+
+// halfProps returns, in kv's array, the properties the engine adds to sl's
+// half message sent as attempt try (1-based): the epoch and run, and for a
+// scale-out task its task, owner epoch, slot and attempt. They go beside
+// the message's own properties (Producer.SendHalfWith), not into its map,
+// which would have to grow for them.
+func (e *txEngine) halfProps(kv *[12]string, sl *slot, try uint32) []string {
+	p := append(kv[:0], PropEpoch, sl.ep.tag, PropRun, e.run)
+	if sc := e.scale; sc != nil {
+		p = append(p, PropTask, sc.Task, PropOwner, e.ownerTag,
+			propSlot, strconv.FormatUint(uint64(sl.i), 10), propTry, strconv.FormatUint(uint64(try), 10))
+	}
+	return p
 }
 
 // retried returns the slots whose accepted half message is not their first
@@ -149,11 +164,6 @@ func (e *txEngine) write(ctx context.Context, m *client.Message) error {
 		return errors.New("rocketmq sink: mapper returned a nil message")
 	}
 	ep := e.openEpoch() // opened by beforeWrite
-	if m.Properties == nil {
-		m.Properties = make(map[string]string, 2)
-	}
-	m.Properties[PropEpoch] = ep.tag
-	m.Properties[PropRun] = e.run
 	select {
 	case e.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -163,12 +173,6 @@ func (e *txEngine) write(ctx context.Context, m *client.Message) error {
 		ep.first = time.Now()
 	}
 	i := ep.add(m, e.laneOf(m))
-	if sc := e.scale; sc != nil {
-		m.Properties[PropTask] = sc.Task
-		m.Properties[PropOwner] = e.ownerTag
-		m.Properties[propSlot] = strconv.Itoa(i)
-		m.Properties[propTry] = "1"
-	}
 	e.enqueue(ep.slot(i))
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/runnel-dev/runnel/internal/backoff"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -26,7 +25,11 @@ import (
 // client's request timeout, or WithTxSendTimeout's, given to the
 // producer), not by a context per record.
 func (e *txEngine) enqueue(sl *slot) {
-	e.p.SendHalfAsyncTo(context.Background(), sl.m, sl)
+	// Tagged as the slot's accepted attempt: the first for a new record; a
+	// refreshed epoch's copy replaces its accepted one (rolled back) under
+	// the same tag.
+	var kv [12]string
+	e.p.SendHalfAsyncWith(context.Background(), sl.m, e.halfProps(&kv, sl, sl.try+1), sl)
 }
 
 // halfSent is the outcome of sl's first half send (a connection reader
@@ -86,10 +89,8 @@ func (e *txEngine) resend(ep *epochTxn, sl *slot, err error) {
 		err = backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts-1, retryableSend, func(i int) error {
 			actx, cancel := attemptCtx(ctx, e.lanes.timeout)
 			defer cancel()
-			if e.scale != nil {
-				sl.m.Properties[propTry] = strconv.Itoa(i + 2)
-			}
-			h, err := e.p.SendHalf(actx, sl.m)
+			var kv [12]string
+			h, err := e.p.SendHalfWith(actx, sl.m, e.halfProps(&kv, sl, uint32(i+2)))
 			if err == nil && h.Status != client.SendOK {
 				e.rollBackStored(h)
 				err = notStoredWell(h)
@@ -154,13 +155,16 @@ func (e *txEngine) drain(ctx context.Context) error { return drainSem(ctx, e.sem
 // sendAgain sends m (the record of a discarded half message) as a new half
 // message and commits it at once (the lane committer's goroutine of its
 // lane, before the lane's next half message).
-func (e *txEngine) sendAgain(ctx context.Context, m *client.Message) error {
+func (e *txEngine) sendAgain(ctx context.Context, sl *slot) error {
 	var h client.TxHandle
 	err := backoff.Retry(ctx, e.cfg.retry, e.cfg.attempts, nil, func(int) error {
 		actx, cancel := attemptCtx(ctx, e.lanes.timeout)
 		defer cancel()
+		// Tagged as the slot's accepted attempt, whose copy the broker
+		// discarded.
+		var kv [12]string
 		var err error
-		h, err = e.p.SendHalf(actx, m)
+		h, err = e.p.SendHalfWith(actx, sl.m, e.halfProps(&kv, sl, sl.try+1))
 		return err
 	})
 	if err != nil {

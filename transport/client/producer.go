@@ -753,17 +753,40 @@ func ValidateMessage(m *Message, maxBody int) error {
 		}
 	}
 	for k, v := range m.Properties {
-		if err := protocol.ValidateProperty(k, v); err != nil {
-			return fmt.Errorf("%w: property %q: %w", ErrInvalidMessage, k, err)
-		}
-		for _, r := range reservedProps {
-			if k == r {
-				return fmt.Errorf("%w: property %q is set by the producer", ErrInvalidMessage, k)
-			}
+		if err := validateUserProperty(k, v); err != nil {
+			return err
 		}
 	}
 	if q := m.Queue; q != nil && (q.QueueID < 0 || q.BrokerName == "" || (q.Topic != "" && q.Topic != m.Topic)) {
 		return fmt.Errorf("%w: queue override %s does not name a queue of topic %q", ErrInvalidMessage, *q, m.Topic)
+	}
+	return nil
+}
+
+// validateUserProperty checks a property a caller sets: carried on the
+// wire, and not one the producer sets itself.
+func validateUserProperty(k, v string) error {
+	if err := protocol.ValidateProperty(k, v); err != nil {
+		return fmt.Errorf("%w: property %q: %w", ErrInvalidMessage, k, err)
+	}
+	for _, r := range reservedProps {
+		if k == r {
+			return fmt.Errorf("%w: property %q is set by the producer", ErrInvalidMessage, k)
+		}
+	}
+	return nil
+}
+
+// validatePairs checks name/value pairs given beside a message's
+// Properties (SendHalfWith) as ValidateMessage checks those.
+func validatePairs(kv []string) error {
+	if len(kv)%2 != 0 {
+		return fmt.Errorf("%w: %d strings are not name/value pairs", ErrInvalidMessage, len(kv))
+	}
+	for i := 0; i < len(kv); i += 2 {
+		if err := validateUserProperty(kv[i], kv[i+1]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -848,17 +871,17 @@ func (p *Producer) prepare(ob *outbound, msgs []*Message, half bool, inject ...s
 	ob.reply = len(msgs) == 1 && m.Properties[protocol.PropMsgType] == replyMessageFlag
 	idLen := p.c.uniq.Len()
 	if len(msgs) == 1 {
-		var extra []string
+		// The pairs after UNIQ_KEY, in an array on the stack.
+		var kv [20]string
+		extra := kv[:0]
 		if half {
 			if m.DelayLevel > 0 || !m.DeliverTime.IsZero() || m.DeliverAfter > 0 {
 				return fmt.Errorf("%w: transactional messages cannot be delayed", ErrInvalidMessage)
 			}
-			extra = []string{protocol.PropTransactionPrepared, "true", protocol.PropProducerGroup, p.group}
+			extra = append(extra, protocol.PropTransactionPrepared, "true", protocol.PropProducerGroup, p.group)
 			ob.sysFlag |= protocol.SysFlagTransactionPrepared
 		}
-		if len(inject) > 0 {
-			extra = append(extra, inject...)
-		}
+		extra = append(extra, inject...)
 		sb := p.getBuf()
 		var idb [56]byte
 		id := p.c.uniq.AppendNext(idb[:0])

@@ -405,3 +405,71 @@ func TestProducerTransactions(t *testing.T) {
 		return errors.New("committed message not visible")
 	})
 }
+
+// TestProducerSendHalfWith: the pairs given beside a half message's map
+// are stored as its properties (over the map's value for a name in both,
+// the map left as it was), through the synchronous and asynchronous sends;
+// pairs that are not pairs, name a property the producer sets or cannot
+// be carried are refused before anything is sent.
+func TestProducerSendHalfWith(t *testing.T) {
+	e := newCoreEnv(t)
+	c := e.client()
+	e.createTopic(c, "TxW", 1)
+	p := newProducer(t, c, "tx-with")
+	ctx := testCtx(t, 20*time.Second)
+	m := &Message{Topic: "TxW", Body: []byte("sync"), Properties: map[string]string{"b": "map", "c": "3"}}
+	h1, err := p.SendHalfWith(ctx, m, []string{"a", "1", "b", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Properties) != 2 || m.Properties["b"] != "map" {
+		t.Fatalf("the message's map changed: %v", m.Properties)
+	}
+	got := make(chan TxHandle, 1)
+	p.SendHalfAsyncWith(ctx, &Message{Topic: "TxW", Body: []byte("async")}, []string{"a", "x"}, halfFunc(func(h TxHandle, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}))
+	h2 := <-got
+	for _, h := range []TxHandle{h1, h2} {
+		if err := p.EndTransaction(ctx, h, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]map[string]string{
+		h1.MsgID: {"a": "1", "b": "2", "c": "3"},
+		h2.MsgID: {"a": "x"},
+	}
+	q := protocol.MessageQueue{Topic: "TxW", BrokerName: "broker-a", QueueID: 0}
+	waitFor(t, 5*time.Second, func() error {
+		seen := 0
+		for _, m := range pullAll(t, c, q, 0, "") {
+			w, ok := want[m.UniqKey()]
+			if !ok {
+				continue
+			}
+			seen++
+			for k, v := range w {
+				if got, _ := m.Property(k); got != v {
+					t.Fatalf("message %s: property %q = %q, want %q", m.UniqKey(), k, got, v)
+				}
+			}
+		}
+		if seen != 2 {
+			return fmt.Errorf("%d of 2 committed messages visible", seen)
+		}
+		return nil
+	})
+	for _, bad := range [][]string{{"a"}, {protocol.PropTags, "t"}, {protocol.PropProducerGroup, "other"}, {"a", "x\x01y"}, {"", "v"}} {
+		if _, err := p.SendHalfWith(ctx, &Message{Topic: "TxW", Body: []byte("bad")}, bad); !errors.Is(err, ErrInvalidMessage) {
+			t.Errorf("pairs %q: %v, want ErrInvalidMessage", bad, err)
+		}
+		refused := make(chan error, 1)
+		p.SendHalfAsyncWith(ctx, &Message{Topic: "TxW", Body: []byte("bad")}, bad, halfFunc(func(_ TxHandle, err error) { refused <- err }))
+		if err := <-refused; !errors.Is(err, ErrInvalidMessage) {
+			t.Errorf("pairs %q, async: %v, want ErrInvalidMessage", bad, err)
+		}
+	}
+}

@@ -63,8 +63,20 @@ type TxHandle struct {
 // did not store the message; when MaybeApplied(err), an orphan half message
 // may exist and will be checked back.
 func (p *Producer) SendHalf(ctx context.Context, msg *Message) (TxHandle, error) {
+	return p.SendHalfWith(ctx, msg, nil)
+}
+
+// SendHalfWith is SendHalf with props, name/value pairs, carried as if
+// they were in msg.Properties (after them: a name in both takes props'
+// value) and checked like them. A caller that adds the same few
+// properties to every message it sends (an exactly-once sink tags each
+// with its epoch and task) need not grow every message's map for them.
+func (p *Producer) SendHalfWith(ctx context.Context, msg *Message, props []string) (TxHandle, error) {
+	if err := validatePairs(props); err != nil {
+		return TxHandle{}, err
+	}
 	var ob outbound
-	if err := p.prepare(&ob, []*Message{msg}, true); err != nil {
+	if err := p.prepare(&ob, []*Message{msg}, true, props...); err != nil {
 		return TxHandle{}, err
 	}
 	defer p.release(&ob)
@@ -132,12 +144,22 @@ func (f halfFunc) HalfSent(h TxHandle, err error) { f(h, err) }
 // (a pointer implementing HalfCallback) sends without allocating a
 // closure per message. The same rules as SendHalfAsync's callback apply.
 func (p *Producer) SendHalfAsyncTo(ctx context.Context, msg *Message, cb HalfCallback) {
+	p.SendHalfAsyncWith(ctx, msg, nil, cb)
+}
+
+// SendHalfAsyncWith is SendHalfAsyncTo with props carried as SendHalfWith
+// carries them.
+func (p *Producer) SendHalfAsyncWith(ctx context.Context, msg *Message, props []string, cb HalfCallback) {
 	if p.closed.Load() {
 		cb.HalfSent(TxHandle{}, ErrClosed)
 		return
 	}
+	if err := validatePairs(props); err != nil {
+		cb.HalfSent(TxHandle{}, err)
+		return
+	}
 	var ob outbound
-	if err := p.prepare(&ob, []*Message{msg}, true); err != nil {
+	if err := p.prepare(&ob, []*Message{msg}, true, props...); err != nil {
 		cb.HalfSent(TxHandle{}, err)
 		return
 	}
