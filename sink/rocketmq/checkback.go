@@ -307,12 +307,12 @@ func (d *chainDecider) decide(_ context.Context, q halfQuery) client.TxState {
 // (jobinfo.TxnInfoer): "RI" 0x01, uvarint slots, uvarint count, then per
 // retried slot uvarint slot and uvarint accepted attempt.
 func txnInfo(txn []byte) ([]byte, error) {
-	d, err := decodeTxn(txn)
+	d, n, err := decodeTxnAs(txn, false)
 	if err != nil {
 		return nil, err
 	}
 	b := []byte{'R', 'I', 1}
-	b = binary.AppendUvarint(b, uint64(len(d.handles)))
+	b = binary.AppendUvarint(b, uint64(n))
 	b = binary.AppendUvarint(b, uint64(len(d.retried)))
 	for _, r := range d.retried {
 		b = binary.AppendUvarint(b, uint64(r.slot))

@@ -2,11 +2,13 @@ package rocketmq
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/testutil/cputime"
+	"github.com/runnel-dev/runnel/transport/client"
 )
 
 // BenchmarkExactlyOnce measures the sink alone on an embedded broker: per
@@ -114,5 +116,26 @@ func BenchmarkExactlyOnceCommit(b *testing.B) {
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/record")
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// BenchmarkTxnInfo summarises the description of an epoch of 100k records
+// with a few retried sends, as a scale-out worker does at every checkpoint
+// (jobinfo.TxnInfoer).
+func BenchmarkTxnInfo(b *testing.B) {
+	d := &txnDesc{checkpoint: 7, run: "run-1", epoch: 7, retried: []retriedSlot{{slot: 10, try: 2}, {slot: 99, try: 3}}}
+	for i := range 100_000 {
+		d.handles = append(d.handles, txnHandle{lane: uint32(i % 16), h: client.TxHandle{
+			ProducerGroup: "runnel_tx_etl_sink", Topic: "orders-out", BrokerName: "broker-a", BrokerAddr: "127.0.0.1:10911",
+			TranStateTableOffset: int64(i), CommitLogOffset: int64(i) * 700, MsgID: fmt.Sprintf("7F0000010D2C1B2F3A4C5D6E%08X", i),
+		}})
+	}
+	raw := appendTxn(nil, d)
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := txnInfo(raw); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package rocketmq
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -366,8 +367,17 @@ func FuzzDecodeTxn(f *testing.F) {
 	f.Add([]byte("RX\x01"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		d, err := decodeTxn(b)
+		// Skimming (txnInfo) accepts exactly what decoding accepts and
+		// counts the same handles and retried slots.
+		sd, n, serr := decodeTxnAs(b, false)
+		if (err == nil) != (serr == nil) {
+			t.Fatalf("decode: %v; skim: %v", err, serr)
+		}
 		if err != nil {
 			return
+		}
+		if n != len(d.handles) || sd.handles != nil || !slices.Equal(sd.retried, d.retried) || sd.run != d.run || sd.epoch != d.epoch {
+			t.Fatalf("skim: %d handles, retried %v; decode: %d, %v", n, sd.retried, len(d.handles), d.retried)
 		}
 		d2, err := decodeTxn(appendTxn(nil, d))
 		if err != nil || len(d2.handles) != len(d.handles) || d2.run != d.run {

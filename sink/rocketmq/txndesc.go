@@ -171,16 +171,22 @@ type txnReader struct {
 }
 
 func (r *txnReader) uvarint(what string, limit uint64) uint64 {
+	return r.uvarintOf(what, "", limit)
+}
+
+// uvarintOf reads a uvarint named what+suffix in its error (the names are
+// joined only then: a description holds two strings per record).
+func (r *txnReader) uvarintOf(what, suffix string, limit uint64) uint64 {
 	if r.err != nil {
 		return 0
 	}
 	v, n := binary.Uvarint(r.b)
 	if n <= 0 {
-		r.err = fmt.Errorf("%w: truncated %s", ErrBadTxn, what)
+		r.err = fmt.Errorf("%w: truncated %s%s", ErrBadTxn, what, suffix)
 		return 0
 	}
 	if v > limit {
-		r.err = fmt.Errorf("%w: %s %d above %d", ErrBadTxn, what, v, limit)
+		r.err = fmt.Errorf("%w: %s%s %d above %d", ErrBadTxn, what, suffix, v, limit)
 		return 0
 	}
 	r.b = r.b[n:]
@@ -188,15 +194,24 @@ func (r *txnReader) uvarint(what string, limit uint64) uint64 {
 }
 
 func (r *txnReader) str(what string) string {
-	n := r.uvarint(what+" length", maxTxnString)
-	if r.err != nil {
+	b := r.raw(what)
+	if len(b) == 0 {
 		return ""
+	}
+	return string(b)
+}
+
+// raw reads a string without copying it (it aliases the description).
+func (r *txnReader) raw(what string) []byte {
+	n := r.uvarintOf(what, " length", maxTxnString)
+	if r.err != nil {
+		return nil
 	}
 	if uint64(len(r.b)) < n {
 		r.err = fmt.Errorf("%w: truncated %s", ErrBadTxn, what)
-		return ""
+		return nil
 	}
-	s := string(r.b[:n])
+	s := r.b[:n:n]
 	r.b = r.b[n:]
 	return s
 }
@@ -204,12 +219,21 @@ func (r *txnReader) str(what string) string {
 // decodeTxn decodes a transaction description. It never panics; every
 // count is checked against the bytes left before anything is allocated.
 func decodeTxn(b []byte) (*txnDesc, error) {
+	d, _, err := decodeTxnAs(b, true)
+	return d, err
+}
+
+// decodeTxnAs is decodeTxn; without handles it checks every handle as
+// decodeTxn does but keeps none (d.handles is nil), and returns their
+// count: what txnInfo needs of a description every checkpoint, without
+// allocating two strings per record.
+func decodeTxnAs(b []byte, handles bool) (*txnDesc, int, error) {
 	if len(b) < 3 || b[0] != 'R' || b[1] != 'X' {
-		return nil, fmt.Errorf("%w: no header", ErrBadTxn)
+		return nil, 0, fmt.Errorf("%w: no header", ErrBadTxn)
 	}
 	v := b[2]
 	if v != txnVersion && v != txnVersion2 && v != txnVersion3 {
-		return nil, fmt.Errorf("%w: version %d (want %d to %d)", ErrBadTxn, v, txnVersion, txnVersion3)
+		return nil, 0, fmt.Errorf("%w: version %d (want %d to %d)", ErrBadTxn, v, txnVersion, txnVersion3)
 	}
 	r := &txnReader{b: b[3:]}
 	d := &txnDesc{}
@@ -237,21 +261,34 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 	// A handle takes at least 6 bytes.
 	nh := r.uvarint("handle count", uint64(len(r.b))/6)
 	if r.err != nil {
-		return nil, r.err
+		return nil, 0, r.err
 	}
-	d.handles = make([]txnHandle, 0, nh)
+	if handles {
+		d.handles = make([]txnHandle, 0, nh)
+	}
 	for range nh {
 		di := r.uvarint("dictionary index", uint64(len(dict)))
 		lane := r.uvarint("lane", 1<<16)
 		tso := r.uvarint("tran state table offset", 1<<63-1)
 		clo := r.uvarint("commit log offset", 1<<63-1)
+		if !handles {
+			r.raw("msg id")
+			r.raw("transaction id")
+			if r.err != nil {
+				return nil, 0, r.err
+			}
+			if di >= uint64(len(dict)) {
+				return nil, 0, fmt.Errorf("%w: dictionary index %d of %d", ErrBadTxn, di, len(dict))
+			}
+			continue
+		}
 		id := r.str("msg id")
 		tx := r.str("transaction id")
 		if r.err != nil {
-			return nil, r.err
+			return nil, 0, r.err
 		}
 		if di >= uint64(len(dict)) {
-			return nil, fmt.Errorf("%w: dictionary index %d of %d", ErrBadTxn, di, len(dict))
+			return nil, 0, fmt.Errorf("%w: dictionary index %d of %d", ErrBadTxn, di, len(dict))
 		}
 		if tx == "" {
 			tx = id
@@ -263,21 +300,21 @@ func decodeTxn(b []byte) (*txnDesc, error) {
 		}})
 	}
 	if v != txnVersion {
-		n := r.uvarint("retried slots", uint64(len(d.handles)))
+		n := r.uvarint("retried slots", nh)
 		for range n {
-			sl := r.uvarint("retried slot", uint64(len(d.handles)))
+			sl := r.uvarint("retried slot", nh)
 			try := r.uvarint("retried attempt", 1<<16)
-			if r.err == nil && (sl >= uint64(len(d.handles)) || try < 2) {
-				return nil, fmt.Errorf("%w: retried slot %d attempt %d", ErrBadTxn, sl, try)
+			if r.err == nil && (sl >= nh || try < 2) {
+				return nil, 0, fmt.Errorf("%w: retried slot %d attempt %d", ErrBadTxn, sl, try)
 			}
 			d.retried = append(d.retried, retriedSlot{slot: uint32(sl), try: uint32(try)})
 		}
 	}
 	if r.err != nil {
-		return nil, r.err
+		return nil, 0, r.err
 	}
 	if len(r.b) != 0 {
-		return nil, fmt.Errorf("%w: %d trailing bytes", ErrBadTxn, len(r.b))
+		return nil, 0, fmt.Errorf("%w: %d trailing bytes", ErrBadTxn, len(r.b))
 	}
-	return d, nil
+	return d, int(nh), nil
 }
