@@ -683,14 +683,19 @@ var notAllowedSendTopics = [...]string{
 	"TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
 }
 
-// reservedProps are properties the producer sets itself; user properties
-// may not use them.
-var reservedProps = [...]string{
-	protocol.PropTags, protocol.PropKeys, protocol.PropUniqKey, protocol.PropDelayLevel,
-	protocol.PropTransactionPrepared, protocol.PropProducerGroup, protocol.PropTimerDeliverMS,
-	protocol.PropTimerDelaySec, protocol.PropTimerDelayMS, protocol.PropShardingKeyJava, protocol.PropShardingKey,
-	protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionID,
-	protocol.PropRetryTopic, protocol.PropWaitStoreMsgOK,
+// reservedProp reports whether name is a property the producer sets
+// itself; user properties must not use them (a switch: checked for every
+// property of every message sent).
+func reservedProp(name string) bool {
+	switch name {
+	case protocol.PropTags, protocol.PropKeys, protocol.PropUniqKey, protocol.PropDelayLevel,
+		protocol.PropTransactionPrepared, protocol.PropProducerGroup, protocol.PropTimerDeliverMS,
+		protocol.PropTimerDelaySec, protocol.PropTimerDelayMS, protocol.PropShardingKeyJava, protocol.PropShardingKey,
+		protocol.PropRealTopic, protocol.PropRealQueueID, protocol.PropTransactionID,
+		protocol.PropRetryTopic, protocol.PropWaitStoreMsgOK:
+		return true
+	}
+	return false
 }
 
 // validateName checks a topic or group name: 1..maxLen characters from
@@ -769,10 +774,8 @@ func validateUserProperty(k, v string) error {
 	if err := protocol.ValidateProperty(k, v); err != nil {
 		return fmt.Errorf("%w: property %q: %w", ErrInvalidMessage, k, err)
 	}
-	for _, r := range reservedProps {
-		if k == r {
-			return fmt.Errorf("%w: property %q is set by the producer", ErrInvalidMessage, k)
-		}
+	if reservedProp(k) {
+		return fmt.Errorf("%w: property %q is set by the producer", ErrInvalidMessage, k)
 	}
 	return nil
 }

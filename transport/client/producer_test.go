@@ -466,3 +466,17 @@ func TestProducerSendHalfWith(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkValidatePairs checks the properties an exactly-once sink's
+// scale-out task gives beside each record (SendHalfWith), as every half
+// send does.
+func BenchmarkValidatePairs(b *testing.B) {
+	kv := []string{"runnel.epoch", "1042", "runnel.run", "9f1c2e7a5b3d4c6e", "runnel.task", "keyed-count/r3",
+		"runnel.owner", "17", "runnel.slot", "12345", "runnel.try", "1"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := validatePairs(kv); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

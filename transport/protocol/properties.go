@@ -237,10 +237,21 @@ func ValidateProperty(name, value string) error {
 	if name == "" || value == "" {
 		return fmt.Errorf("%w: empty name or value (name %q)", ErrPropertiesInvalid, name)
 	}
-	if strings.ContainsAny(name, "\x01\x02") || strings.ContainsAny(value, "\x01\x02") {
+	if hasSeparator(name) || hasSeparator(value) {
 		return fmt.Errorf("%w: property %q contains a separator byte", ErrPropertiesInvalid, name)
 	}
 	return nil
+}
+
+// hasSeparator reports whether s holds \x01 or \x02: one pass over the
+// bytes (every property of every message sent is checked).
+func hasSeparator(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i]-PropNameValueSeparator < 2 {
+			return true
+		}
+	}
+	return false
 }
 
 // ValidateProperties reports whether raw fits the wire limits: at most
