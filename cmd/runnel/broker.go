@@ -57,6 +57,7 @@ type brokerFlags struct {
 	maxFrame      int
 	maxMsgSize    int
 	diskHighWater float64
+	retention     time.Duration
 	maxBatchMsgs  int
 	maxBatchBytes int
 	maxSuspend    time.Duration
@@ -163,6 +164,7 @@ every broker's replication.`,
 	fl.IntVar(&f.maxFrame, "max-frame-size", protocol.DefaultMaxFrameSize, "largest request frame in bytes; a larger one closes the connection")
 	fl.IntVar(&f.maxMsgSize, "max-message-size", broker.DefaultMaxMessageSize, "largest message body in bytes; larger sends are refused")
 	fl.Float64Var(&f.diskHighWater, "disk-high-watermark", broker.DefaultDiskHighWatermark, "refuse sends while the data directory's file system is used above this fraction, in (0, 1]; 1 turns the check off")
+	fl.DurationVar(&f.retention, "retention", broker.DefaultRetention, "remove messages stored longer ago than this, as Apache RocketMQ's fileReservedTime (0 = keep them until their topic is deleted)")
 	fl.IntVar(&f.maxBatchMsgs, "max-batch-messages", broker.DefaultMaxBatchMessages, "most messages in one batch send")
 	fl.IntVar(&f.maxBatchBytes, "max-batch-bytes", broker.DefaultMaxBatchBytes, "largest body of one batch send, in bytes")
 	fl.DurationVar(&f.maxSuspend, "max-suspend", broker.DefaultMaxSuspend, "longest a pull waiting for messages is held, below the clients' 30s timeout (0 = answer at once)")
@@ -217,6 +219,8 @@ func (f *brokerFlags) validate() (broker.FlushMode, slog.Level, error) {
 		return 0, 0, fmt.Errorf("--max-frame-size %d: must be in [64, 1073741824]", f.maxFrame)
 	case !(f.diskHighWater > 0 && f.diskHighWater <= 1):
 		return 0, 0, fmt.Errorf("--disk-high-watermark %v: must be in (0, 1]", f.diskHighWater)
+	case f.retention < 0:
+		return 0, 0, fmt.Errorf("--retention %v: must be 0 (keep) or positive", f.retention)
 	}
 	if err := f.validateHA(); err != nil {
 		return 0, 0, err
@@ -568,6 +572,7 @@ func (f *brokerFlags) brokerOptions(sec *secured) ([]embedded.Option, error) {
 		broker.WithBrokerName(f.brokerName),
 		broker.WithRemotingOptions(f.limits()...),
 		broker.WithDiskHighWatermark(f.diskHighWater),
+		broker.WithRetention(f.retention),
 		broker.WithMaxBatch(f.maxBatchMsgs, f.maxBatchBytes),
 		broker.WithLongPolling(f.maxSuspend, f.maxParked),
 		broker.WithMaxMessageSize(f.maxMsgSize),

@@ -214,6 +214,7 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append(both, "--max-conns-per-ip", "-2"), "--max-conns-per-ip -2"},
 		{append(both, "--max-conn-rate", "-5"), "--max-conn-rate -5"},
 		{append(both, "--disk-high-watermark", "1.5"), "--disk-high-watermark 1.5: must be in (0, 1]"},
+		{append(both, "--retention", "-1h"), "--retention -1h0m0s: must be 0 (keep) or positive"},
 		{append(both, "--max-batch-messages", "0"), "max batch messages 0"},
 		{append(both, "--idle-timeout", "-1s"), "--idle-timeout -1s"},
 		{append(both, "--max-queued-bytes", "-1"), "--max-queued-bytes -1"},

@@ -343,6 +343,7 @@ func (b *Broker) start(ctx context.Context) error {
 		}
 	})
 	b.goOwned("longpoll", b.lp.run)
+	b.goOwned("retention", b.runRetention)
 	if !b.isSlave() {
 		b.goOwned("txcheck", b.tx.run) // a slave checks nothing back: its master does
 	}

@@ -130,6 +130,7 @@ type config struct {
 	filter           filterConfig // filter.go
 	pop              popConfig    // pop.go
 	diskHighWater    float64
+	retention        time.Duration // retention.go
 	maxBatchMsgs     int
 	maxBatchBytes    int
 	ha               haConfig // ha.go
@@ -163,6 +164,7 @@ func defaultConfig() config {
 		pullMaxBytes:     DefaultPullMaxBytes,
 		registerInterval: DefaultRegisterInterval,
 		diskHighWater:    DefaultDiskHighWatermark,
+		retention:        DefaultRetention,
 		maxBatchMsgs:     DefaultMaxBatchMessages,
 		maxBatchBytes:    DefaultMaxBatchBytes,
 		sub:              defaultSubsystemConfig(),
@@ -231,6 +233,8 @@ func (c *config) validate() error {
 		return bad("transaction check max %d below 1", c.tx.checkMax)
 	case c.tx.halfCache < 0:
 		return bad("negative transaction half cache %d", c.tx.halfCache)
+	case c.retention < 0:
+		return bad("negative retention %v", c.retention)
 	}
 	if err := c.ha.validate(); err != nil {
 		return err
