@@ -271,24 +271,21 @@ func decodeTxnAs(b []byte, handles bool) (*txnDesc, int, error) {
 		lane := r.uvarint("lane", 1<<16)
 		tso := r.uvarint("tran state table offset", 1<<63-1)
 		clo := r.uvarint("commit log offset", 1<<63-1)
-		if !handles {
+		var id, tx string
+		if handles {
+			id, tx = r.str("msg id"), r.str("transaction id")
+		} else {
 			r.raw("msg id")
 			r.raw("transaction id")
-			if r.err != nil {
-				return nil, 0, r.err
-			}
-			if di >= uint64(len(dict)) {
-				return nil, 0, fmt.Errorf("%w: dictionary index %d of %d", ErrBadTxn, di, len(dict))
-			}
-			continue
 		}
-		id := r.str("msg id")
-		tx := r.str("transaction id")
 		if r.err != nil {
 			return nil, 0, r.err
 		}
 		if di >= uint64(len(dict)) {
 			return nil, 0, fmt.Errorf("%w: dictionary index %d of %d", ErrBadTxn, di, len(dict))
+		}
+		if !handles {
+			continue
 		}
 		if tx == "" {
 			tx = id
