@@ -171,7 +171,14 @@ func (dr *Driver) Start(ctx context.Context, namesrv, command string, args ...st
 	if dr.jvm != nil {
 		jvm = dr.jvm
 	}
+	// Each JVM logs under logs/rocketmqlogs/<command>-<ns>/: the 4.9
+	// client to rocketmq_client.log by rocketmq.client.logRoot, the 5.x
+	// one (which finds the broker's logback configuration first on this
+	// classpath) to remoting.log and broker_default.log by brokerLogDir.
+	started := time.Now().UnixNano()
+	sub := fmt.Sprintf("%s-%d", command, started)
 	argv := append(append([]string{}, jvm...), "-Duser.home="+dr.dir, "-Drocketmq.client.logUseSlf4j=false",
+		"-Drocketmq.client.logRoot="+filepath.Join(dr.dir, "logs", "rocketmqlogs", sub), "-DbrokerLogDir=/"+sub,
 		"-cp", cp, driverClass, command, "--namesrv", namesrv)
 	argv = append(argv, args...)
 	cmd := exec.Command(dr.dist.Java, argv...)
@@ -180,7 +187,7 @@ func (dr *Driver) Start(ctx context.Context, namesrv, command string, args ...st
 	if err := os.MkdirAll(dr.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("javapeer: %w", err)
 	}
-	logPath := filepath.Join(dr.dir, fmt.Sprintf("driver-%s-%d.out", command, time.Now().UnixNano()))
+	logPath := filepath.Join(dr.dir, fmt.Sprintf("driver-%s.out", sub))
 	pr := &Proc{events: make(chan Event, 1<<16), watched: make(chan struct{})}
 	var lines sync.WaitGroup
 	lines.Add(1)

@@ -2,8 +2,10 @@ package javapeer
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,14 +54,64 @@ func (d *Dist) RunCluster(t testing.TB, opts ...Option) *Cluster {
 	return c
 }
 
-// NewDriver returns d's driver with its logs in t.TempDir().
+// NewDriver returns d's driver with its logs in t.TempDir(); on failure
+// of the test the tail of the official client's own log (where it says
+// why it closed a connection or gave up on a call) is logged.
 func (d *Dist) NewDriver(t testing.TB) *Driver {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dr, err := d.Driver(ctx, filepath.Join(t.TempDir(), "driver"))
+	dir := filepath.Join(t.TempDir(), "driver")
+	dr, err := d.Driver(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Apache RocketMQ %s client logs (every driver JVM of the test), warnings and connection events:\n%s",
+				d.Version, clientLogEvents(filepath.Join(dir, "logs", "rocketmqlogs"), 40))
+		}
+	})
 	return dr
+}
+
+// clientLogEvents returns, for each driver JVM's log file under dir (see
+// Driver.Start), its last n lines that tell a warning, an error or a
+// connection's closing (without stack frames).
+func clientLogEvents(dir string, n int) string {
+	files, err := filepath.Glob(filepath.Join(dir, "*", "*.log"))
+	if err != nil || len(files) == 0 {
+		return "(no client log in " + dir + ")"
+	}
+	var out strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintf(&out, "%s: %v\n", rel(dir, f), err)
+			continue
+		}
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "at ") {
+				continue
+			}
+			if strings.Contains(l, " WARN ") || strings.Contains(l, " ERROR ") || strings.Contains(l, "Exception") ||
+				strings.Contains(l, "CLOSE") || strings.Contains(l, "closeChannel") {
+				keep = append(keep, l)
+			}
+		}
+		fmt.Fprintf(&out, "%s (%d of %d such lines):\n", rel(dir, f), min(n, len(keep)), len(keep))
+		for _, l := range keep[max(0, len(keep)-n):] {
+			out.WriteString(l + "\n")
+		}
+	}
+	return out.String()
+}
+
+// rel is f relative to dir, or f.
+func rel(dir, f string) string {
+	if r, err := filepath.Rel(dir, f); err == nil {
+		return r
+	}
+	return f
 }

@@ -3,15 +3,18 @@ package javatest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/javapeer"
+	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/transport/broker"
 	"github.com/runnel-dev/runnel/transport/client"
@@ -106,7 +109,14 @@ type consumePeer struct {
 func startConsumePeer(t *testing.T, opts ...broker.Option) *consumePeer {
 	t.Helper()
 	cc := &codeCounter{}
+	var logs syncbuf.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("runnel's broker log:\n%s", lastLines(logs.String(), 60))
+		}
+	})
 	opts = append([]broker.Option{broker.WithDelayLevels(consumeDelayLevels()),
+		broker.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
 		broker.WithRemotingOptions(remoting.WithInterceptor(cc.intercept))}, opts...)
 	cl := testutil.RunCluster(t, opts...)
 	c := cl.NewClient(t)
@@ -393,4 +403,10 @@ func (p *consumePeer) tryPullAll(ctx context.Context, q protocol.MessageQueue) (
 		}
 		off = r.NextBeginOffset
 	}
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
