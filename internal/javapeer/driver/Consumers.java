@@ -289,20 +289,23 @@ final class Consumers {
     // for the rebalance to assign queues before --seek.
     // seekPatiently is c.seek(q, off), which asks the broker for the
     // queue's bounds with the client's 6 s RPC timeout. On a loaded test
-    // machine one such call can time out; a timeout is retried (and told as
-    // a "seek-retry" event) until the deadline, any other error is not.
+    // machine one such call can time out, and one can fail because a pull
+    // still under way was interrupted and closed the connection (see
+    // litepull; the next call reconnects). Those two are retried (and told
+    // as a "seek-retry" event) until the deadline, any other error is not.
     static void seekPatiently(DefaultLitePullConsumer c, MessageQueue q, long off, long deadline) throws Exception {
         while (true) {
             try {
                 c.seek(q, off);
                 return;
             } catch (Exception e) {
-                boolean timeout = false;
+                boolean retry = false;
                 for (Throwable t = e; t != null; t = t.getCause()) {
-                    if (t.getClass().getSimpleName().contains("Timeout")) timeout = true;
+                    String n = t.getClass().getSimpleName();
+                    if (n.contains("Timeout") || n.equals("RemotingSendRequestException")) retry = true;
                     if (t.getCause() == t) break;
                 }
-                if (!timeout || System.currentTimeMillis() >= deadline) throw e;
+                if (!retry || System.currentTimeMillis() >= deadline) throw e;
                 emit(obj("ev", "seek-retry", "queue", q.getQueueId(), "error", Driver.describe(e)));
             }
         }
@@ -339,12 +342,24 @@ final class Consumers {
         }
         if (a.has("seek")) {
             Collection<MessageQueue> targets = assign ? queues : c.assignment();
+            Map<MessageQueue, Long> seeks = new LinkedHashMap<>();
             for (String s : a.get("seek", "").split(",")) {
                 String[] qo = s.split(":");
                 for (MessageQueue q : targets) {
-                    if (q.getQueueId() == Integer.parseInt(qo[0])) seekPatiently(c, q, Long.parseLong(qo[1]), deadline);
+                    if (q.getQueueId() == Integer.parseInt(qo[0])) seeks.put(q, Long.parseLong(qo[1]));
                 }
             }
+            // seek interrupts the queue's running pull task (apache/rocketmq
+            // issue #3853), and an interrupted call closes the client's one
+            // connection to the broker, failing every call in flight on it:
+            // the seek's own min/max offset queries, other queues' pulls. So
+            // the queues are paused first (a paused queue's task only
+            // reschedules itself, every second) and sought once the pulls
+            // already under way have had time to return.
+            c.pause(seeks.keySet());
+            Thread.sleep(1500);
+            for (Map.Entry<MessageQueue, Long> e : seeks.entrySet()) seekPatiently(c, e.getKey(), e.getValue(), deadline);
+            c.resume(seeks.keySet());
         }
         emit(obj("ev", "started"));
         int got = 0;
