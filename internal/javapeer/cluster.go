@@ -245,8 +245,15 @@ func (c *Cluster) awaitRegistration(ctx context.Context) error {
 }
 
 // startJVM starts one of the cluster's JVMs and waits for "boot success".
+// Its direct memory may grow to 1 GiB: every thread of a 5.x broker that
+// stores a message keeps a direct buffer of the largest message plus
+// 64 KiB (CommitLog's PutMessageThreadLocal, 4 MiB by default), and one
+// broker serving a whole package's tests meets some sixty such threads
+// (send, end-transaction, pop, timer, schedule...); with 256 MiB the
+// package's second -count run failed with "Cannot reserve 4259840 bytes
+// of direct buffer memory".
 func (c *Cluster) startJVM(ctx context.Context, name, heap string, sysProps []string, mainClass string, args ...string) (*proc, error) {
-	jvm := []string{"-Xms" + heap, "-Xmx" + heap, "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC",
+	jvm := []string{"-Xms" + heap, "-Xmx" + heap, "-XX:MaxDirectMemorySize=1g", "-XX:+UseSerialGC",
 		"-Duser.home=" + c.Dir, "-Drocketmq.home.dir=" + c.home, "-Djava.net.preferIPv4Stack=true"}
 	jvm = append(append(jvm, sysProps...), "-cp", c.dist.Classpath(), mainClass)
 	cmd := exec.Command(c.dist.Java, append(jvm, args...)...)
