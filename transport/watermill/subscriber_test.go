@@ -359,3 +359,41 @@ func TestOffsetLastAndGroupActive(t *testing.T) {
 		t.Fatalf("publish after Close: %v", err)
 	}
 }
+
+// TestResubscribeAfterClose subscribes again in the same group as soon as
+// the previous subscription's channel is closed, as watermill's
+// TestSubscribeCtx does: the group must be free by then (the channel was
+// closed before the group was released, and a quick resubscription got
+// ErrGroupActive now and then).
+func TestResubscribeAfterClose(t *testing.T) {
+	e := newEnv(t)
+	pc := pubSubConfig{queues: 1, group: "resub-group"}
+	sub := newSubscriber(t, e.nsAddr, pc)
+	const topic = "resub-topic"
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			cancel()
+			t.Fatalf("subscription %d: %v", i, err)
+		}
+		cancel()
+		for range ch { // closed once the group was left
+		}
+	}
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Subscribe(context.Background(), topic); !errors.Is(err, rwm.ErrGroupActive) {
+		t.Fatalf("second active subscription: %v, want ErrGroupActive", err)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range ch {
+	}
+}

@@ -139,8 +139,10 @@ func (sub *subscription) teardown(ctx context.Context) {
 	sub.cancel()
 	sub.stop(sub.allQueues()) // queues whose revocation did not run
 	sub.wg.Wait()
-	close(sub.out)
+	// The group is free before the channel closes: a caller that sees it
+	// closed may subscribe in the group again at once.
 	sub.s.releaseGroup(sub.group)
+	close(sub.out)
 	sub.logger.Debug("subscription closed", nil)
 }
 
