@@ -278,7 +278,7 @@ func (c *Cluster) rocketmqLog(name string) string {
 	if err != nil {
 		return "(no " + name + ".log in " + dir + ")"
 	}
-	return name + ".log:\n" + tail(b, 40)
+	return name + ".log:\n" + Tail(b, 40)
 }
 
 // KillBroker SIGKILLs the broker (by PID) and waits for it to exit.

@@ -175,8 +175,7 @@ func (dr *Driver) Start(ctx context.Context, namesrv, command string, args ...st
 	// client to rocketmq_client.log by rocketmq.client.logRoot, the 5.x
 	// one (which finds the broker's logback configuration first on this
 	// classpath) to remoting.log and broker_default.log by brokerLogDir.
-	started := time.Now().UnixNano()
-	sub := fmt.Sprintf("%s-%d", command, started)
+	sub := fmt.Sprintf("%s-%d", command, time.Now().UnixNano())
 	argv := append(append([]string{}, jvm...), "-Duser.home="+dr.dir, "-Drocketmq.client.logUseSlf4j=false",
 		"-Drocketmq.client.logRoot="+filepath.Join(dr.dir, "logs", "rocketmqlogs", sub), "-DbrokerLogDir=/"+sub,
 		"-cp", cp, driverClass, command, "--namesrv", namesrv)
@@ -267,7 +266,7 @@ func (pr *Proc) Kill() { _ = pr.p.kill(syscall.SIGKILL, 5*time.Second) }
 func (pr *Proc) Output() string {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	return tail([]byte(strings.Join(pr.bad, "\n")), 40)
+	return Tail([]byte(strings.Join(pr.bad, "\n")), 40)
 }
 
 // Run runs a driver command to its end and returns every event it printed,
@@ -319,10 +318,10 @@ func (d *Dist) Admin(ctx context.Context, logDir, namesrv string, args ...string
 	err := cmd.Run()
 	s := out.String()
 	if err != nil {
-		return s, fmt.Errorf("javapeer: mqadmin %s: %w\n%s", strings.Join(args, " "), err, tail(out.Bytes(), 40))
+		return s, fmt.Errorf("javapeer: mqadmin %s: %w\n%s", strings.Join(args, " "), err, Tail(out.Bytes(), 40))
 	}
 	if exceptionLine(s) {
-		return s, fmt.Errorf("javapeer: mqadmin %s failed:\n%s", strings.Join(args, " "), tail(out.Bytes(), 40))
+		return s, fmt.Errorf("javapeer: mqadmin %s failed:\n%s", strings.Join(args, " "), Tail(out.Bytes(), 40))
 	}
 	return s, nil
 }

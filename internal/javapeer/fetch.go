@@ -158,7 +158,7 @@ func (d *Dist) resolve(ctx context.Context, dir string) error {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("javapeer: mvn could not resolve Apache RocketMQ %s from Maven Central (set RUNNEL_TEST_JAVA=0 to skip the Java-peer tests): %w\n%s", d.Version, err, tail(out.Bytes(), 30))
+		return fmt.Errorf("javapeer: mvn could not resolve Apache RocketMQ %s from Maven Central (set RUNNEL_TEST_JAVA=0 to skip the Java-peer tests): %w\n%s", d.Version, err, Tail(out.Bytes(), 30))
 	}
 	jars, _ := filepath.Glob(filepath.Join(tmp, "rocketmq-broker-*.jar"))
 	if len(jars) == 0 {
@@ -225,8 +225,9 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	}
 }
 
-// tail returns the last n lines of b.
-func tail(b []byte, n int) string {
+// Tail returns the last n lines of b (a process's output or log, for a
+// test failure's message).
+func Tail(b []byte, n int) string {
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

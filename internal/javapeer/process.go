@@ -152,7 +152,7 @@ func (p *proc) lineSeen(want string) <-chan struct{} {
 // tail is the last n lines of the child's log file.
 func (p *proc) tail(n int) string {
 	b, _ := os.ReadFile(p.log)
-	return tail(b, n)
+	return Tail(b, n)
 }
 
 // kill sends sig to the child (by its PID) and waits, bounded, for it to

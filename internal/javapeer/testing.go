@@ -55,8 +55,9 @@ func (d *Dist) RunCluster(t testing.TB, opts ...Option) *Cluster {
 }
 
 // NewDriver returns d's driver with its logs in t.TempDir(); on failure
-// of the test the tail of the official client's own log (where it says
-// why it closed a connection or gave up on a call) is logged.
+// of the test, what each driver JVM's client logged about warnings,
+// errors and closed connections (where it says why it closed a
+// connection or gave up on a call) is logged.
 func (d *Dist) NewDriver(t testing.TB) *Driver {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,7 +111,7 @@ func startConsumePeer(t *testing.T, opts ...broker.Option) *consumePeer {
 	var logs syncbuf.Buffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("runnel's broker log:\n%s", lastLines(logs.String(), 60))
+			t.Logf("runnel's broker log:\n%s", javapeer.Tail([]byte(logs.String()), 60))
 		}
 	})
 	opts = append([]broker.Option{broker.WithDelayLevels(consumeDelayLevels()),
@@ -403,10 +402,4 @@ func (p *consumePeer) tryPullAll(ctx context.Context, q protocol.MessageQueue) (
 		}
 		off = r.NextBeginOffset
 	}
-}
-
-// lastLines returns the last n lines of s.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
