@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/embedded"
+	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
@@ -270,11 +271,11 @@ func (p *memProc) line(tb testing.TB, prefix string, timeout time.Duration) stri
 		}
 		select {
 		case <-p.done:
-			tb.Fatalf("the child exited (%v) before printing %q:\n%s", p.err, prefix, tail(p.out.String(), 4000))
+			tb.Fatalf("the child exited (%v) before printing %q:\n%s", p.err, prefix, javapeer.Tail([]byte(p.out.String()), 50))
 		default:
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("the child printed no %q within %v:\n%s", prefix, timeout, tail(p.out.String(), 4000))
+			tb.Fatalf("the child printed no %q within %v:\n%s", prefix, timeout, javapeer.Tail([]byte(p.out.String()), 50))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/scaleout"
 	"github.com/runnel-dev/runnel/pipeline"
 	mqsink "github.com/runnel-dev/runnel/sink/rocketmq"
@@ -159,7 +160,7 @@ func runSOETL(b *testing.B, sb *soBroker, r soETLRun) soETLResult {
 		}
 		for _, p := range procs {
 			if p.exited() {
-				b.Fatalf("%s %s exited (%v) with %d/%d outputs and %d/%d dead letters committed:\n%s", job, p.name, p.err, o, r.valid, d, r.invalid, tail(p.out.String(), 4000))
+				b.Fatalf("%s %s exited (%v) with %d/%d outputs and %d/%d dead letters committed:\n%s", job, p.name, p.err, o, r.valid, d, r.invalid, javapeer.Tail([]byte(p.out.String()), 50))
 			}
 		}
 		if ctx.Err() != nil {
@@ -598,7 +599,7 @@ func soStatuses(ctx context.Context, addrs []string, workers []*soProc) ([]*pipe
 	sts := make([]*pipeline.WorkerStatus, len(addrs))
 	for i, a := range addrs {
 		if workers[i].exited() {
-			return nil, fmt.Errorf("worker %s exited: %v\n%s", workers[i].name, workers[i].err, tail(workers[i].out.String(), 4000))
+			return nil, fmt.Errorf("worker %s exited: %v\n%s", workers[i].name, workers[i].err, javapeer.Tail([]byte(workers[i].out.String()), 50))
 		}
 		st, err := workerStatus(ctx, a)
 		if err != nil {
@@ -653,11 +654,11 @@ func soDump(ctx context.Context, addrs []string, workers []*soProc) string {
 		} else if !errors.Is(err, context.Canceled) {
 			fmt.Fprintf(&sb, "  status: %v\n", err)
 		}
-		n := 2000
+		n := 25 // lines
 		if os.Getenv(envSODebug) != "" {
 			n = 1 << 30
 		}
-		sb.WriteString(tail(workers[i].out.String(), n))
+		sb.WriteString(javapeer.Tail([]byte(workers[i].out.String()), n))
 		sb.WriteString("\n")
 	}
 	return sb.String()

@@ -27,6 +27,7 @@ import (
 
 	"github.com/runnel-dev/runnel/embedded"
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/internal/testutil"
 	"github.com/runnel-dev/runnel/pipeline"
@@ -304,10 +305,10 @@ func (p *soProc) line(tb testing.TB, prefix string, timeout time.Duration) []str
 			return f
 		}
 		if p.exited() {
-			tb.Fatalf("%s exited (%v) before printing %q:\n%s", p.name, p.err, prefix, tail(p.out.String(), 4000))
+			tb.Fatalf("%s exited (%v) before printing %q:\n%s", p.name, p.err, prefix, javapeer.Tail([]byte(p.out.String()), 50))
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("%s printed no %q within %v:\n%s", p.name, prefix, timeout, tail(p.out.String(), 4000))
+			tb.Fatalf("%s printed no %q within %v:\n%s", p.name, prefix, timeout, javapeer.Tail([]byte(p.out.String()), 50))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -337,10 +338,10 @@ func (p *soProc) stop(tb testing.TB, timeout time.Duration) {
 	case <-time.After(timeout):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		tb.Fatalf("%s did not stop within %v of SIGTERM:\n%s", p.name, timeout, tail(p.out.String(), 4000))
+		tb.Fatalf("%s did not stop within %v of SIGTERM:\n%s", p.name, timeout, javapeer.Tail([]byte(p.out.String()), 50))
 	}
 	if p.err != nil {
-		tb.Fatalf("%s: %v\n%s", p.name, p.err, tail(p.out.String(), 4000))
+		tb.Fatalf("%s: %v\n%s", p.name, p.err, javapeer.Tail([]byte(p.out.String()), 50))
 	}
 }
 
@@ -354,13 +355,6 @@ func (p *soProc) kill() {
 func (p *soProc) cpu() time.Duration {
 	<-p.done
 	return p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
 }
 
 // soBroker is the benchmark's name server and broker in a child process.

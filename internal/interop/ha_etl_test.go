@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/examples/etl/etl"
+	"github.com/runnel-dev/runnel/internal/javapeer"
 	"github.com/runnel-dev/runnel/internal/syncbuf"
 	"github.com/runnel-dev/runnel/transport/client"
 	"github.com/runnel-dev/runnel/transport/protocol"
@@ -209,7 +210,7 @@ func haETLKill(t *testing.T, bin string, control bool) {
 		t.Error("the job never read from the slave while the master was down")
 	}
 	if !r.OK() {
-		t.Fatalf("oracle: %s\n%s\njob log (tail):\n%s", r, strings.Join(r.Examples, "\n"), tail(logs.String(), 4000))
+		t.Fatalf("oracle: %s\n%s\njob log (tail):\n%s", r, strings.Join(r.Examples, "\n"), javapeer.Tail([]byte(logs.String()), 50))
 	}
 }
 
@@ -229,11 +230,4 @@ func pulledMessages(t *testing.T, addr string) int64 {
 		t.Fatalf("runtime info msgGetTotalTodayNow %q: %v", kv.Table["msgGetTotalTodayNow"], err)
 	}
 	return n
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
